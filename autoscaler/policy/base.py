@@ -1,0 +1,115 @@
+"""The policy interface: plain data in, allocations out, no I/O (AdaptDL's lesson).
+
+The controller and the simulator (``spotrain simulate``) call the very same ``Policy.decide``. The
+controller turns the returned allocations into launches and releases; the simulator applies them in
+virtual time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from cloud_providers.base import Offering
+
+from ..spec import JobSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """Instances a job holds now, grouped by offering and market."""
+
+    offering_key: str
+    market: str
+    instances: int
+    gpus_per_instance: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class JobView:
+    """What the policy knows about one job at decision time (all times in the provider's clock)."""
+
+    job_id: str
+    spec: JobSpec
+    submitted_s: float
+    # Fraction of the job's work done, 0..1 (None when unknown, e.g. before the first report).
+    progress: float | None
+    held: tuple[Held, ...] = ()
+    cost_so_far_usd: float = 0.0
+    # Seconds a restart costs this job (checkpoint + exit + start + restore), measured when known.
+    restart_overhead_s: float | None = None
+    # Offerings that refused capacity recently (key -> provider clock time of the refusal).
+    recent_capacity_failures: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def deadline_s(self) -> float | None:
+        d = self.spec.objective.deadline_s
+        return None if d is None else self.submitted_s + d
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    offering_key: str
+    market: str
+    instances: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """The desired holding of one job. An empty ``placements`` means "hold nothing" (wait)."""
+
+    job_id: str
+    placements: tuple[Placement, ...]
+    reason: str = ""
+    # Set when the job cannot run at all under its constraints (e.g. budget): the controller ends it.
+    fail_state: str | None = None
+
+    def workers(self, offerings: Mapping[str, Offering]) -> int:
+        return sum(p.instances * offerings[p.offering_key].gpus for p in self.placements if p.offering_key in offerings)
+
+
+@dataclasses.dataclass(frozen=True)
+class MarketHistory:
+    """What the controller has observed of one spot offering (for hazard estimation)."""
+
+    offering_key: str
+    # Instance-seconds held on the spot market, and the preemptions seen over them.
+    spot_seconds_held: float = 0.0
+    preemptions: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyInput:
+    now_s: float
+    jobs: Sequence[JobView]
+    offerings: Sequence[Offering]
+    history: Mapping[str, MarketHistory] = dataclasses.field(default_factory=dict)
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, inp: PolicyInput) -> list[Allocation]:
+        """Return one allocation per job in ``inp.jobs``."""
+        ...
+
+
+def eligible_offerings(spec: JobSpec, offerings: Sequence[Offering]) -> list[Offering]:
+    """Offerings that satisfy the job's resources (accelerators or instance types, clouds, regions)."""
+    res = spec.resources
+    out = []
+    for o in offerings:
+        if "local" not in res.clouds and o.cloud not in res.clouds:
+            continue
+        if res.regions and o.region not in res.regions:
+            continue
+        ok = False
+        for a in res.accelerators:
+            if o.accelerator == a.name and o.gpus == a.count:
+                ok = True
+        if o.instance_type in res.instance_types:
+            ok = True
+        if ok:
+            out.append(o)
+    return out

@@ -1,0 +1,312 @@
+"""The job spec (v1, a contract: see DESIGN.md), validated at the edge.
+
+Every field of DESIGN.md's spec is accepted and checked here, including those a later part of the
+product brings to life. Unknown fields are errors. Validation failures become one ``SpecError`` line
+naming the field, e.g. ``spec error: workers: min (4) is greater than max (2)``.
+
+Durations are written ``36h``, ``10m``, ``90s``, ``1h30m``, ``2d`` or as a number of seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cloud_providers import catalog
+
+from .errors import SpecError
+
+_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
+
+
+def parse_duration_s(value: Any) -> float:
+    """Seconds in ``value`` (``36h``, ``10m``, ``1h30m``, ``45s``, ``2d`` or a number of seconds)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        m = _DURATION_RE.match(value)
+        if not m or not any(m.groups()):
+            raise ValueError(f"not a duration: {value!r} (use e.g. 36h, 10m, 90s)")
+        d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+        seconds = d * 86400 + h * 3600 + mi * 60 + s
+    else:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 36h, 10m, 90s)")
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+_ACCEL_RE = re.compile(r"^([A-Za-z0-9]+)(?::(\d+))?$")
+
+
+class AcceleratorRequest(_Strict):
+    name: str
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.count}"
+
+
+class Resources(_Strict):
+    accelerators: list[AcceleratorRequest] = Field(default_factory=list)
+    instance_types: list[str] = Field(default_factory=list)
+    clouds: list[Literal["aws", "gcp", "local"]] = Field(default_factory=lambda: ["local"])
+    regions: list[str] = Field(default_factory=list)
+    spot: Literal["auto", "always", "never"] = "auto"
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _parse_accelerators(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            raise ValueError("must be a list such as [V100:1, A10G:1]")
+        out = []
+        for i, item in enumerate(v):
+            if isinstance(item, dict):
+                out.append(item)
+                continue
+            m = _ACCEL_RE.match(str(item).strip())
+            if not m:
+                raise ValueError(f"[{i}] {item!r} is not NAME:COUNT (e.g. V100:1)")
+            name, count = m.group(1), int(m.group(2) or 1)
+            canon = {a.upper(): a for a in catalog.ACCELERATORS}.get(name.upper())
+            if canon is None:
+                known = ", ".join(sorted(catalog.ACCELERATORS))
+                raise ValueError(f"[{i}] unknown accelerator {name!r} (known: {known})")
+            if count < 1:
+                raise ValueError(f"[{i}] accelerator count must be at least 1, got {count}")
+            out.append({"name": canon, "count": count})
+        return out
+
+    @field_validator("instance_types")
+    @classmethod
+    def _known_types(cls, v: list[str]) -> list[str]:
+        known = catalog.known_instance_types()
+        for i, t in enumerate(v):
+            if t not in known:
+                raise ValueError(f"[{i}] unknown instance type {t!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _something_to_run_on(self) -> "Resources":
+        if not self.accelerators and not self.instance_types:
+            raise ValueError("give accelerators (e.g. [V100:1]) or instance_types")
+        if not self.clouds:
+            raise ValueError("clouds must name at least one of aws, gcp, local")
+        return self
+
+
+class Workers(_Strict):
+    min: int = Field(default=1, ge=1)
+    max: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "Workers":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
+        return self
+
+
+class Training(_Strict):
+    logical_workers: int = Field(default=1, ge=1)
+    global_batch_size: int = Field(default=32, ge=1)
+    batch_policy: Literal["fixed", "adaptive"] = "fixed"
+    lr_scaling: Literal["adascale", "sqrt", "linear", "none"] = "none"
+    max_batch_size: int | None = Field(default=None, ge=1)
+    determinism: Literal["bitwise", "fast"] = "bitwise"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Training":
+        if self.global_batch_size % self.logical_workers:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"logical_workers ({self.logical_workers})"
+            )
+        if self.max_batch_size is not None and self.max_batch_size < self.global_batch_size:
+            raise ValueError(
+                f"max_batch_size ({self.max_batch_size}) is below global_batch_size ({self.global_batch_size})"
+            )
+        return self
+
+
+class Objective(_Strict):
+    deadline_s: float | None = Field(default=None, alias="deadline")
+    budget_usd: float | None = Field(default=None, gt=0)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("deadline_s", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return None if v is None else parse_duration_s(v)
+
+
+class Checkpoint(_Strict):
+    store: str | None = None
+    interval_s: float = Field(default=600.0, alias="interval")
+    keep: int = Field(default=3, ge=1)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("interval_s", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration_s(v)
+
+    @field_validator("store")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(r"^(file|s3|gs)://.+", v):
+            raise ValueError(f"{v!r} must start with file://, s3:// or gs://")
+        return v.rstrip("/")
+
+
+class Retries(_Strict):
+    max_restarts_on_errors: int = Field(default=2, ge=0)
+
+
+class SerialFraction(_Strict):
+    serial_fraction: float = Field(ge=0, lt=1)
+
+
+class ProfileScaling(_Strict):
+    profile: str
+
+
+class Simulate(_Strict):
+    work_gpu_hours: float = Field(default=1.0, gt=0)
+    scaling: Union[Literal["linear"], SerialFraction, ProfileScaling] = "linear"
+
+
+class JobSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    workdir: str = "."
+    setup: str | None = None
+    run: str
+    resources: Resources
+    workers: Workers = Field(default_factory=Workers)
+    training: Training = Field(default_factory=Training)
+    objective: Objective = Field(default_factory=Objective)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    retries: Retries = Field(default_factory=Retries)
+    simulate: Simulate = Field(default_factory=Simulate)
+
+    @field_validator("run")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _workers_fit_logical(self) -> "JobSpec":
+        if self.workers.max > self.training.logical_workers:
+            raise ValueError(
+                f"workers.max ({self.workers.max}) exceeds training.logical_workers "
+                f"({self.training.logical_workers}): each physical worker runs at least one logical worker"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, re-validatable dict of the spec (durations in seconds)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+
+def _format_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "function-before")))
+    # Pydantic puts union branch names in the location; drop them for a readable path.
+    loc = re.sub(r"\.(literal\[[^\]]*\]|SerialFraction|ProfileScaling|str|int|float|list\[.*?\])", "", loc)
+    msg = e["msg"]
+    msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
+    if e["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif e["type"] == "missing":
+        msg = "required field is missing"
+    elif "input" in e and e["type"] not in ("value_error",):
+        msg = f"{msg} (got {e['input']!r})"
+    return f"spec error: {loc}: {msg}" if loc else f"spec error: {msg}"
+
+
+def set_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``--set key.path=value`` (value read as YAML) to ``data`` in place."""
+    if "=" not in assignment:
+        raise SpecError(f"spec error: --set {assignment!r}: expected key.path=value")
+    path, raw = assignment.split("=", 1)
+    keys = [k for k in path.strip().split(".")]
+    if not all(keys):
+        raise SpecError(f"spec error: --set {assignment!r}: empty key in {path!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec error: --set {path}: value is not valid YAML ({_yaml_problem(exc)})") from None
+    node: Any = data
+    for k in keys[:-1]:
+        if not isinstance(node, dict):
+            raise SpecError(f"spec error: --set {path}: {k!r} is not inside a mapping")
+        node = node.setdefault(k, {})
+    if not isinstance(node, dict):
+        raise SpecError(f"spec error: --set {path}: parent is not a mapping")
+    node[keys[-1]] = value
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return str(problem)
+
+
+def parse_spec_text(text: str, *, overrides: Iterable[str] = (), source: str = "spec") -> JobSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec error: {source}: YAML syntax error: {_yaml_problem(exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"spec error: {source}: the spec must be a YAML mapping, got {type(data).__name__}")
+    data = copy.deepcopy(data)
+    for o in overrides:
+        set_override(data, o)
+    return spec_from_dict(data)
+
+
+def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
+    try:
+        return JobSpec.model_validate(dict(data))
+    except ValidationError as err:
+        raise SpecError(_format_error(err)) from None
+
+
+def load_spec(path: str | Path, *, overrides: Iterable[str] = ()) -> tuple[JobSpec, Path]:
+    """Load and validate a spec file. Returns the spec and the absolute workdir it refers to."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"spec error: {path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"spec error: {path}: cannot read ({exc.__class__.__name__})") from None
+    spec = parse_spec_text(text, overrides=overrides, source=str(path))
+    workdir = (p.parent / spec.workdir).resolve()
+    if not workdir.is_dir():
+        raise SpecError(f"spec error: workdir: {spec.workdir!r} is not a directory (relative to {p.parent})")
+    return spec, workdir

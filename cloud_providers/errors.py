@@ -1,0 +1,67 @@
+"""Errors raised at the cloud boundary.
+
+Every error a cloud SDK raises is translated where it enters, to the most specific type below, with
+``raise ... from exc`` so the original stays attached. Recovery code chooses by type: capacity means
+"fail over to the next zone or type", throttling means "back off and retry", quota and credentials mean
+"stop and tell the user", invalid request is a bug or bad input.
+
+    ProviderError
+    ├── CapacityUnavailable   (no capacity for this offering now; fail over)
+    ├── QuotaExceeded         (account limit; fail over to another region/type or stop)
+    ├── Throttled             (API rate limit; exponential backoff with jitter)
+    ├── CredentialsError      (missing or invalid credentials; one line to the user)
+    ├── InvalidRequest        (the request itself is wrong)
+    └── InstanceNotFound      (asked about an instance the cloud does not know)
+"""
+
+from __future__ import annotations
+
+
+class ProviderError(Exception):
+    """Base of every error raised by a provider. Carries where it happened, for failover decisions."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cloud: str | None = None,
+        region: str | None = None,
+        zone: str | None = None,
+        instance_type: str | None = None,
+        attempts: int = 1,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.cloud = cloud
+        self.region = region
+        self.zone = zone
+        self.instance_type = instance_type
+        self.attempts = attempts
+
+    def where(self) -> str:
+        parts = [p for p in (self.cloud, self.zone or self.region, self.instance_type) if p]
+        return "/".join(parts)
+
+
+class CapacityUnavailable(ProviderError):
+    """No capacity for the offering right now (spot or on-demand). Try another zone or type."""
+
+
+class QuotaExceeded(ProviderError):
+    """An account quota (vCPUs, GPUs, spot requests) would be exceeded."""
+
+
+class Throttled(ProviderError):
+    """The cloud API rate-limited us. Retry with exponential backoff and jitter."""
+
+
+class CredentialsError(ProviderError):
+    """Credentials are missing, expired or lack a permission."""
+
+
+class InvalidRequest(ProviderError):
+    """The request is malformed or names something that does not exist."""
+
+
+class InstanceNotFound(ProviderError):
+    """The instance is unknown to the cloud (never existed, or long gone)."""

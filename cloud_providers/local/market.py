@@ -1,0 +1,186 @@
+"""Market traces (DESIGN.md "Market trace"): a CSV of offering states over time.
+
+Header: ``time_s,cloud,region,zone,instance_type,accelerator,gpus,spot_price,on_demand_price,spot_available``.
+A row gives one offering's state from ``time_s`` (seconds from trace start) until that offering's next
+row. Past the last row an offering keeps its last state. An empty ``spot_price`` means no spot market.
+
+The same parsed trace drives the local cloud (in compressed real time) and the simulator (in virtual
+time), so the two see exactly the same market.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import dataclasses
+import io
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from pathlib import Path
+
+from ..base import Offering
+from ..catalog import NOTICE_SECONDS
+
+HEADER = (
+    "time_s",
+    "cloud",
+    "region",
+    "zone",
+    "instance_type",
+    "accelerator",
+    "gpus",
+    "spot_price",
+    "on_demand_price",
+    "spot_available",
+)
+
+
+class TraceError(ValueError):
+    """The trace file is malformed; the message names the line and column."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    time_s: float
+    spot_price: float | None
+    on_demand_price: float
+    spot_available: int
+
+
+@dataclasses.dataclass
+class _Series:
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    accelerator: str
+    gpus: int
+    times: list[float]
+    points: list[_Point]
+
+    def at(self, t: float) -> _Point:
+        i = bisect.bisect_right(self.times, t) - 1
+        return self.points[max(i, 0)]
+
+
+class MarketTrace:
+    """A parsed market trace. ``offerings_at(t)`` gives every offering's state at trace time ``t``."""
+
+    def __init__(self, series: Sequence[_Series]) -> None:
+        if not series:
+            raise TraceError("market trace has no rows")
+        self._series = {self._key(s): s for s in series}
+        self.duration_s = max(s.times[-1] for s in series)
+
+    @staticmethod
+    def _key(s: _Series) -> str:
+        return f"{s.cloud}/{s.zone}/{s.instance_type}/{s.accelerator}:{s.gpus}"
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(self._series)
+
+    def change_times(self) -> list[float]:
+        """Every time at which some offering's state changes, sorted (for event-driven simulation)."""
+        return sorted({t for s in self._series.values() for t in s.times})
+
+    def offering_at(self, key: str, t: float) -> Offering:
+        s = self._series[key]
+        p = s.at(t)
+        return Offering(
+            cloud=s.cloud,
+            region=s.region,
+            zone=s.zone,
+            instance_type=s.instance_type,
+            accelerator=s.accelerator,
+            gpus=s.gpus,
+            on_demand_price_usd_per_hour=p.on_demand_price,
+            spot_price_usd_per_hour=p.spot_price,
+            spot_available=p.spot_available if p.spot_price is not None else 0,
+            notice_seconds=NOTICE_SECONDS.get(s.cloud, 120.0),
+        )
+
+    def offerings_at(self, t: float) -> list[Offering]:
+        return [self.offering_at(k, t) for k in self.keys]
+
+    def spot_price_integral_usd(self, key: str, start_s: float, end_s: float, *, market: str = "spot") -> float:
+        """Cost in USD of holding one instance of ``key`` from ``start_s`` to ``end_s`` (trace time),
+        integrating the piecewise-constant price: every billed second at that second's price."""
+        if end_s <= start_s:
+            return 0.0
+        s = self._series[key]
+        total = 0.0
+        t = start_s
+        i = max(bisect.bisect_right(s.times, t) - 1, 0)
+        while t < end_s:
+            nxt = s.times[i + 1] if i + 1 < len(s.times) else float("inf")
+            seg_end = min(end_s, nxt)
+            p = s.points[i]
+            price = p.on_demand_price if market != "spot" else (p.spot_price if p.spot_price is not None else p.on_demand_price)
+            total += price * (seg_end - t) / 3600.0
+            t = seg_end
+            i += 1
+        return total
+
+    # ----- parsing -----
+    @classmethod
+    def parse(cls, text: str, *, source: str = "trace") -> "MarketTrace":
+        reader = csv.reader(io.StringIO(text))
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise TraceError(f"{source}: empty file") from None
+        if tuple(h.strip() for h in header) != HEADER:
+            raise TraceError(f"{source}: line 1: header must be {','.join(HEADER)}")
+        series: dict[str, _Series] = {}
+        for lineno, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(HEADER):
+                raise TraceError(f"{source}: line {lineno}: expected {len(HEADER)} columns, got {len(row)}")
+            rec = dict(zip(HEADER, (c.strip() for c in row)))
+            try:
+                t = float(rec["time_s"])
+                gpus = int(rec["gpus"])
+                spot = float(rec["spot_price"]) if rec["spot_price"] else None
+                od = float(rec["on_demand_price"])
+                avail = int(rec["spot_available"]) if rec["spot_available"] else 0
+            except ValueError as exc:
+                raise TraceError(f"{source}: line {lineno}: {exc}") from None
+            if t < 0 or gpus < 1 or od <= 0 or avail < 0 or (spot is not None and spot <= 0):
+                raise TraceError(f"{source}: line {lineno}: negative or zero value")
+            s = _Series(rec["cloud"], rec["region"], rec["zone"], rec["instance_type"], rec["accelerator"], gpus, [], [])
+            key = cls._key(s)
+            s = series.setdefault(key, s)
+            if s.times and t < s.times[-1]:
+                raise TraceError(f"{source}: line {lineno}: time_s goes backwards for {key}")
+            if s.times and t == s.times[-1]:
+                s.points[-1] = _Point(t, spot, od, avail)
+                continue
+            s.times.append(t)
+            s.points.append(_Point(t, spot, od, avail))
+        return cls(list(series.values()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "MarketTrace":
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+        return cls.parse(text, source=str(path))
+
+    @classmethod
+    def bundled(cls) -> "MarketTrace":
+        text = resources.files("cloud_providers.local").joinpath("data/market.csv").read_text()
+        return cls.parse(text, source="bundled market.csv")
+
+
+def write_trace(rows: Iterable[Sequence[object]]) -> str:
+    """Render rows (in HEADER order) as trace CSV text."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(HEADER)
+    for r in rows:
+        w.writerow(r)
+    return buf.getvalue()
