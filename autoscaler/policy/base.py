@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from cloud_providers.base import Offering
+from cost_models.scaling import Scaling
 
 from ..spec import JobSpec
 
@@ -41,6 +42,12 @@ class JobView:
     restart_overhead_s: float | None = None
     # Offerings that refused capacity recently (key -> provider clock time of the refusal).
     recent_capacity_failures: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # The job's throughput model when known (a ``cost_models.scaling.Scaling``: a profile fitted to
+    # measured step times, or the simulator's model). None: the policy uses the spec's
+    # ``simulate.scaling`` when it is linear or a serial fraction, and a prior otherwise.
+    scaling: Scaling | None = None
+    # Seconds since the last checkpoint (work lost if preempted without time to checkpoint); None: unknown.
+    since_checkpoint_s: float | None = None
 
     @property
     def deadline_s(self) -> float | None:
@@ -64,6 +71,10 @@ class Allocation:
     reason: str = ""
     # Set when the job cannot run at all under its constraints (e.g. budget): the controller ends it.
     fail_state: str | None = None
+    # Provider-clock time by which the policy wants to be asked again even if nothing changes (e.g.
+    # when a deadline's safety net will trip). The simulator uses it to skip idle time; a controller
+    # that decides every few seconds may ignore it.
+    next_decision_s: float | None = None
 
     def workers(self, offerings: Mapping[str, Offering]) -> int:
         return sum(p.instances * offerings[p.offering_key].gpus for p in self.placements if p.offering_key in offerings)
@@ -77,6 +88,13 @@ class MarketHistory:
     # Instance-seconds held on the spot market, and the preemptions seen over them.
     spot_seconds_held: float = 0.0
     preemptions: int = 0
+    # Market watching (optional, when the provider reports ``spot_available``): seconds watched,
+    # seconds with room for at least k instances (index k-1), how often room vanished, and since when
+    # (provider clock) the market has had room without a break (None: no room now, or unknown).
+    watched_s: float = 0.0
+    available_s_at_least: tuple[float, ...] = ()
+    drops: int = 0
+    available_since_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +103,11 @@ class PolicyInput:
     jobs: Sequence[JobView]
     offerings: Sequence[Offering]
     history: Mapping[str, MarketHistory] = dataclasses.field(default_factory=dict)
+    # How often the caller decides (seconds): deadline safety margins include one interval of lag.
+    decision_interval_s: float = 60.0
+    # Joint limits across jobs (optional): instances per region, and total spend rate in USD/hour.
+    region_quota_instances: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    max_spend_usd_per_hour: float | None = None
 
 
 class Policy(Protocol):

@@ -1,0 +1,71 @@
+"""Money is data: per-instance billing rolled up into jobs, and the market history the policy learns from.
+
+Costs come from the provider's own billing (every billed second at that second's price, in the
+provider's clock). The on-demand counterfactual of a job prices the same billed seconds of the same
+offerings at their on-demand price: what holding that hardware on-demand would have cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from cloud_providers.base import SPOT, Instance, InstanceState, Provider
+
+from .policy import MarketHistory
+from .state import InstanceRow
+
+
+def row_to_instance(row: InstanceRow) -> Instance:
+    parts = row.offering_key.split("/")
+    return Instance(
+        instance_id=row.instance_id,
+        cloud=row.cloud,
+        region="",
+        zone=parts[1] if len(parts) > 1 else "",
+        instance_type=parts[2] if len(parts) > 2 else "",
+        market=row.market,
+        state=InstanceState(row.state),
+        tags={},
+        launched_at_s=row.launched_at_s,
+        terminated_at_s=row.terminated_at_s,
+        interruption=row.interruption,
+        offering_key=row.offering_key,
+    )
+
+
+def update_billing(provider: Provider, rows: Iterable[InstanceRow]) -> tuple[float, float]:
+    """Refresh each row's billed seconds and cost; return the job's (cost_usd, on_demand_cost_usd)."""
+    cost = od = 0.0
+    for row in rows:
+        b = provider.billing(row_to_instance(row))
+        # Billing never goes backwards (a terminated instance's bill is final).
+        row.billed_seconds = max(row.billed_seconds, b.billed_seconds)
+        row.cost_usd = max(row.cost_usd, b.cost_usd)
+        row.on_demand_cost_usd = max(row.on_demand_cost_usd, b.on_demand_cost_usd)
+        cost += row.cost_usd
+        od += row.on_demand_cost_usd
+    return cost, od
+
+
+def burn_rate_usd_per_hour(rows: Iterable[InstanceRow], prices: Mapping[str, tuple[float, float | None]]) -> float:
+    """What the job's live instances cost per hour right now (prices: key -> (on-demand, spot))."""
+    total = 0.0
+    for row in rows:
+        if row.state == InstanceState.TERMINATED.value:
+            continue
+        od, spot = prices.get(row.offering_key, (0.0, None))
+        total += spot if row.market == SPOT and spot is not None else od
+    return total
+
+
+def market_history(rows: Iterable[InstanceRow]) -> dict[str, MarketHistory]:
+    """Spot seconds held and preemptions seen per offering, over every instance this controller had."""
+    held: dict[str, float] = {}
+    pre: dict[str, int] = {}
+    for row in rows:
+        if row.market != SPOT:
+            continue
+        held[row.offering_key] = held.get(row.offering_key, 0.0) + row.billed_seconds
+        if row.interruption:
+            pre[row.offering_key] = pre.get(row.offering_key, 0) + 1
+    return {k: MarketHistory(k, held[k], pre.get(k, 0)) for k in held}

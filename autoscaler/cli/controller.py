@@ -1,0 +1,74 @@
+"""``spotrain controller start``: the controller as a service (HTTP API + reconcile loop)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+
+import click
+
+
+@click.group("controller")
+def controller_command() -> None:
+    """Run the controller service."""
+
+
+@controller_command.command("start")
+@click.option("--cloud", type=click.Choice(["local", "aws", "gcp"]), default="local", show_default=True)
+@click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
+              help="Run each instance's workers as local processes.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8470, show_default=True, help="0 picks a free port.")
+@click.option("--tick", "tick_s", type=float, default=0.5, show_default=True, help="Reconcile interval, seconds.")
+@click.option("--id", "controller_id", default=None, help="Controller id (default: controller-<cloud>).")
+def start(cloud: str, executor: str, host: str, port: int, tick_s: float, controller_id: str | None) -> None:
+    """Start the controller in the foreground; it serves until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from ..api import create_app
+    from ..clouds import make_cloud
+    from ..controller import Controller
+    from ..errors import SpotrainError
+    from ..home import controller_file, db_url, ensure_token, write_controller_info
+    from ..policy import get_policy
+    from ..state import Store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    token = ensure_token()
+    cid = controller_id or f"controller-{cloud}"
+    try:
+        setup = make_cloud(cloud, cloud_id=cid, executor=executor)
+    except ValueError as exc:
+        raise SpotrainError(str(exc)) from None
+    store = Store(db_url())
+    ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
+                     controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise SpotrainError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    actual_port = sock.getsockname()[1]
+    url = f"http://{host}:{actual_port}"
+    ctl.start()
+    write_controller_info(url, os.getpid())
+    click.echo(f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {store.url})", err=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(ctl, token), log_level="warning", lifespan="off"))
+
+    def stop(signum: int, _frame: object) -> None:
+        server.should_exit = True
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        ctl.shutdown()
+        try:
+            controller_file().unlink()
+        except FileNotFoundError:
+            pass
+    sys.exit(0)

@@ -1,0 +1,85 @@
+"""``spotrain status`` and ``spotrain logs``: from the controller, or from SPOTRAIN_HOME when none runs.
+
+After ``spotrain run`` (an embedded controller that has exited) or while the service is down, the
+database under SPOTRAIN_HOME still holds every job, so both commands read it directly. A controller
+that answers but refuses our token is an error, not a reason to fall back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..errors import ControllerUnreachable
+
+
+def _controller_running() -> bool:
+    from ..home import read_controller_info
+
+    return read_controller_info() is not None
+
+
+def _offline_jobs(job_ref: str | None) -> Any:
+    from ..controller import job_summary
+    from ..errors import JobNotFound
+    from ..home import db_url
+    from ..state import Store
+
+    store = Store(db_url())
+    with store.session() as s:
+        if job_ref is None:
+            return [job_summary(j, store.instances(s, j.job_id)) for j in store.jobs(s)]
+        j = store.job(s, job_ref)
+        if j is None:
+            raise JobNotFound(f"no job {job_ref!r}")
+        return job_summary(j, store.instances(s, j.job_id))
+
+
+@click.command("status")
+@click.argument("job_ref", metavar="[JOB]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on the last line (a list without JOB).")
+def status_command(job_ref: str | None, as_json: bool) -> None:
+    """Show all jobs as a table, or one JOB (id or name) in detail."""
+    from ..client import Client
+    from . import render
+
+    data: Any = None
+    if _controller_running():
+        try:
+            c = Client()
+            data = c.job(job_ref) if job_ref else c.jobs()
+        except ControllerUnreachable:
+            data = None
+    if data is None:
+        data = _offline_jobs(job_ref)
+    if as_json:
+        click.echo(render.as_json(data))
+    elif job_ref is None:
+        click.echo(render.table(data) if data else "no jobs")
+    else:
+        click.echo(render.table([data]))
+        click.echo("")
+        click.echo(render.summary(data))
+
+
+@click.command("logs")
+@click.argument("job_ref", metavar="JOB")
+@click.option("--rank", type=int, default=None, help="Worker rank whose output to show (default 0).")
+def logs_command(job_ref: str, rank: int | None) -> None:
+    """Show JOB's event history and its workers' output."""
+    from ..client import Client
+
+    text = None
+    if _controller_running():
+        try:
+            text = Client().logs(job_ref, rank=rank)
+        except ControllerUnreachable:
+            text = None
+    if text is None:
+        from ..home import db_url
+        from ..logs import job_logs
+        from ..state import Store
+
+        text = job_logs(Store(db_url()), job_ref, rank=rank)
+    click.echo(text, nl=False)

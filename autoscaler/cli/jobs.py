@@ -1,0 +1,33 @@
+"""``spotrain submit`` and ``spotrain cancel``: talk to the running controller over HTTP."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("submit")
+@click.argument("spec_path", metavar="SPEC")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a spec field (value read as YAML).")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON on the last line.")
+def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Validate SPEC and submit it to the controller."""
+    from ..client import Client
+    from ..spec import load_spec
+    from . import render
+
+    spec, workdir = load_spec(spec_path, overrides=overrides)
+    job = Client().submit(spec.to_dict(), str(workdir))
+    if as_json:
+        click.echo(render.as_json(job))
+    else:
+        click.echo(f"submitted {job['job_id']} ({job['state']}); follow it with: spotrain status {job['job_id']}")
+
+
+@click.command("cancel")
+@click.argument("job_ref", metavar="JOB")
+def cancel_command(job_ref: str) -> None:
+    """Cancel JOB (id or name) and release its instances."""
+    from ..client import Client
+
+    job = Client().cancel(job_ref)
+    click.echo(f"{job['job_id']}: {job['state']}")

@@ -1,0 +1,69 @@
+"""Entry point of ``spotrain``: a click group whose commands are imported lazily (fast ``--help``).
+
+Any ``SpotrainError`` (bad spec, unreachable controller, wrong token, unknown job) is printed as one
+line on stderr with a non-zero exit; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+COMMANDS = {
+    "run": ("autoscaler.cli.run", "Run a job on an embedded controller and the local cloud, follow it to the end."),
+    "controller": ("autoscaler.cli.controller", "Run the controller service."),
+    "submit": ("autoscaler.cli.jobs", "Submit a job to the running controller."),
+    "status": ("autoscaler.cli.inspect", "Show jobs (a table), or one job."),
+    "logs": ("autoscaler.cli.inspect", "Show a job's events and worker output."),
+    "cancel": ("autoscaler.cli.jobs", "Cancel a job and release its instances."),
+    "estimate": ("autoscaler.cli.estimate", "Predict a job's cost and finish time from the simulator."),
+    "simulate": ("autoscaler.cli.simulate", "Replay a market trace with a policy in virtual time."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[name][0])
+        cmd = getattr(module, f"{name}_command", None) or getattr(module, "command")
+        return cmd  # type: ignore[no-any-return]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(n, h) for n, (_, h) in COMMANDS.items()])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option("0.1.0", prog_name="spotrain")
+def cli() -> None:
+    """spotrain: train on spot GPUs without losing work, missing deadlines or changing what the model learns."""
+
+
+def main(argv: list[str] | None = None) -> Any:
+    from ..errors import SpotrainError
+
+    try:
+        return cli.main(args=argv, prog_name="spotrain", standalone_mode=False)
+    except SpotrainError as exc:
+        click.echo(f"spotrain: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("spotrain: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"spotrain: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("spotrain: interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Human-readable rendering of jobs for the CLI (tables, progress lines, the run summary)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def money(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.4f}" if x < 10 else f"${x:,.2f}"
+
+
+def progress_str(j: Mapping[str, Any]) -> str:
+    total = j.get("total_steps")
+    step = j.get("step") or 0
+    if total:
+        return f"{step}/{total} ({100.0 * step / total:.0f}%)"
+    return str(step) if step else "-"
+
+
+def workers_str(j: Mapping[str, Any]) -> str:
+    ws = [w for w in j.get("workers", []) if w.get("state") != "terminated"]
+    if not ws:
+        return "-"
+    groups: dict[str, int] = {}
+    for w in ws:
+        off = w["offering"].split("/")
+        label = f"{w['market']} {off[0]}/{off[1]}/{off[2]}" if len(off) >= 3 else f"{w['market']} {w['offering']}"
+        groups[label] = groups.get(label, 0) + int(w.get("gpus", 1))
+    return ", ".join(f"{n}x {label}" for label, n in groups.items())
+
+
+def table(jobs: Sequence[Mapping[str, Any]]) -> str:
+    head = ("JOB", "STATE", "WORKERS", "PROGRESS", "COST", "PREEMPT")
+    rows = [
+        (j["job_id"], j["state"], workers_str(j), progress_str(j), money(j.get("cost_usd")), str(j.get("preemptions", 0)))
+        for j in jobs
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*r) for r in rows])
+
+
+def summary(j: Mapping[str, Any]) -> str:
+    metric = j.get("metric")
+    name = j.get("metric_name") or "metric"
+    cost = j.get("cost_usd") or 0.0
+    od = j.get("on_demand_cost_usd") or 0.0
+    lines = [
+        f"job         {j['job_id']}  ({j['state']})",
+        f"result      {name} = {metric:.4f}" if isinstance(metric, (int, float)) else "result      -",
+        f"wall time   {j.get('wall_s', 0.0):.1f} s",
+        f"preemptions {j.get('preemptions', 0)} survived" + (f", {j.get('restarts_on_errors')} restart(s) after errors" if j.get("restarts_on_errors") else ""),
+    ]
+    by_market = j.get("cost_by_market_usd") or {}
+    parts = ", ".join(f"{m} {money(v)}" for m, v in by_market.items())
+    lines.append(f"cost        {money(cost)}  ({parts or 'nothing billed'}; billed market time: "
+                 f"{(j.get('spot_seconds') or 0) / 3600:.2f} h spot, {(j.get('on_demand_seconds') or 0) / 3600:.2f} h on-demand)")
+    if od > 0:
+        lines.append(f"on-demand   {money(od)} for the same instance-hours on-demand: spot saved {100 * (1 - cost / od):.0f}%")
+    if j.get("final_model"):
+        lines.append(f"model       {j['final_model']}")
+    if j.get("state") != "SUCCEEDED" and j.get("reason"):
+        lines.append(f"reason      {j['reason']}")
+    return "\n".join(lines)
+
+
+def as_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)

@@ -1,0 +1,85 @@
+"""SPOTRAIN_HOME: where the database, API token, logs and the default checkpoint store live.
+
+Layout (default ``~/.spotrain``)::
+
+    spotrain.db            SQLite database (jobs, instances, events, decisions)
+    token                  API bearer token, mode 0600, created on the controller's first start
+    controller.json        address of the running controller service (url, pid)
+    logs/<job_id>/...      worker logs
+    checkpoints/<job_id>/  default checkpoint store (file://)
+    localcloud/<id>/       the local cloud's own state (its "machines")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+
+def home() -> Path:
+    p = Path(os.environ.get("SPOTRAIN_HOME") or Path.home() / ".spotrain").expanduser()
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def db_url() -> str:
+    return os.environ.get("SPOTRAIN_DB_URL") or f"sqlite:///{home() / 'spotrain.db'}"
+
+
+def token_path() -> Path:
+    return home() / "token"
+
+
+def ensure_token() -> str:
+    """Read the API token, creating it (mode 0600) if absent."""
+    p = token_path()
+    if p.exists():
+        return p.read_text().strip()
+    tok = secrets.token_urlsafe(32)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(tok + "\n")
+    return tok
+
+
+def read_token() -> str | None:
+    p = token_path()
+    return p.read_text().strip() if p.exists() else None
+
+
+def controller_file() -> Path:
+    return home() / "controller.json"
+
+
+def write_controller_info(url: str, pid: int) -> None:
+    tmp = controller_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps({"url": url, "pid": pid}))
+    os.replace(tmp, controller_file())
+
+
+def read_controller_info() -> dict[str, object] | None:
+    try:
+        data = json.loads(controller_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def logs_dir(job_id: str) -> Path:
+    p = home() / "logs" / job_id
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def default_store() -> str:
+    p = home() / "checkpoints"
+    p.mkdir(parents=True, exist_ok=True)
+    return "file://" + str(p)
+
+
+def localcloud_dir(cloud_id: str) -> Path:
+    p = home() / "localcloud" / cloud_id
+    p.mkdir(parents=True, exist_ok=True)
+    return p

@@ -1,0 +1,176 @@
+"""Baseline policies, implemented from their sources, for ``spotrain simulate`` and the benchmarks.
+
+All three run a fixed-size gang of ``workers.max`` GPUs and obey Can't Be Late's Polarization Rule
+for multi-instance jobs (Wu et al., NSDI'24, section 5.5): at any time the job holds either nothing or
+the whole gang, and the gang is homogeneous (all spot on one offering, or all on-demand). They are
+stateless: the state machine's state is read back from what the job holds.
+
+- ``on-demand``: the cheapest on-demand gang, always.
+- ``greedy-spot``: SkyPilot managed jobs (``sky jobs launch --use-spot``, the FAILOVER recovery
+  strategy): run on the cheapest spot offering with room, relaunch in the next one when preempted,
+  wait while none has room; plus Can't Be Late's greedy Safety Net: when idle and ``R(t) < C(t) + 2d``,
+  switch to on-demand and stay there until the end.
+- ``uniform-progress``: Can't Be Late, section 5.2, rules as published:
+  1. Uniform Progress: when idle and cp(t) < ep(t), switch to on-demand and stay to catch up;
+  2. Taking Risks: switch to spot whenever available; stay on it until preempted (Exploitation);
+  3. Hysteresis: when on on-demand, stay on it until cp(t) >= ep(t + 2d);
+  4. Safety Net: when idle and R(t) < C(t) + 2d, switch to on-demand and stay until the end,
+  with ep(t) = C(0) * (t - t0) / (deadline - t0) the expected progress and cp(t) the progress made.
+  With several spot offerings, "spot available" means any of them has room for the gang.
+
+``d`` is the job's restart overhead; every rule's margin also includes one decision interval, the
+lag between a change and the next decision.
+"""
+
+from __future__ import annotations
+
+from cloud_providers.base import ON_DEMAND, SPOT
+
+from .base import Allocation, JobView, PolicyInput
+from .jobmath import (
+    Config,
+    gang_rate,
+    homogeneous_configs,
+    job_options,
+    job_scaling,
+    remaining_work,
+    restart_overhead_s,
+    total_work,
+)
+
+
+class _GangBaseline:
+    name = "baseline"
+
+    def decide(self, inp: PolicyInput) -> list[Allocation]:
+        return [self._one(job, inp) for job in inp.jobs]
+
+    # ---- helpers shared by the baselines ----
+    def _setup(self, job: JobView, inp: PolicyInput) -> tuple[list[Config], Config | None, Config | None]:
+        options = job_options(job, inp)
+        configs = homogeneous_configs(job, options, job.spec.workers.max, job_scaling(job))
+        od = next((c for c in configs if c.market == ON_DEMAND), None)
+        return configs, od, _held_config(job, inp)
+
+    def _alloc(self, job: JobView, cfg: Config | None, reason: str, wake: float | None = None) -> Allocation:
+        if cfg is None:
+            return Allocation(job.job_id, (), reason=reason, next_decision_s=wake)
+        return Allocation(job.job_id, (cfg.placement(),), reason=reason, next_decision_s=wake)
+
+    def _one(self, job: JobView, inp: PolicyInput) -> Allocation:
+        raise NotImplementedError
+
+
+def _held_config(job: JobView, inp: PolicyInput) -> Config | None:
+    """The full gang the job holds (None: nothing, or a broken gang). Built from ``held`` rather
+    than from the market's room, which reads 0 while the room is ours."""
+    if len(job.held) != 1:
+        return None
+    h = job.held[0]
+    if h.instances <= 0:
+        return None
+    by_key = {o.key: o for o in inp.offerings}
+    o = by_key.get(h.offering_key)
+    if o is None or h.instances * o.gpus != job.spec.workers.max:
+        return None
+    return Config(o, h.market, h.instances, gang_rate(job_scaling(job), ((o, h.instances),)))
+
+
+class OnDemandPolicy(_GangBaseline):
+    name = "on-demand"
+
+    def _one(self, job: JobView, inp: PolicyInput) -> Allocation:
+        configs, od, cur = self._setup(job, inp)
+        if cur is not None and cur.market == ON_DEMAND:
+            return self._alloc(job, cur, "on-demand (kept)")
+        if od is None:
+            return Allocation(job.job_id, (), reason="no on-demand offering fits the job", fail_state="FAILED_NO_RESOURCE")
+        return self._alloc(job, od, "on-demand")
+
+
+class _DeadlineBaseline(_GangBaseline):
+    def _deadline_terms(self, job: JobView, inp: PolicyInput, od: Config | None) -> tuple[float, float, float, float]:
+        """(R, C, d + lag margin unit, remaining work)."""
+        d = restart_overhead_s(job)
+        rem = remaining_work(job)
+        deadline = job.deadline_s
+        R = float("inf") if deadline is None else deadline - inp.now_s
+        C = rem / od.rate if od is not None and od.rate > 0 else float("inf")
+        return R, C, d, rem
+
+    def _safety_net(self, job: JobView, inp: PolicyInput, od: Config | None) -> tuple[bool, float | None]:
+        """(trip now?, when it will trip if the job stays idle)."""
+        if job.deadline_s is None or od is None:
+            return False, None
+        R, C, d, _ = self._deadline_terms(job, inp, od)
+        margin = 2.0 * d + inp.decision_interval_s
+        trip_at = job.deadline_s - C - margin
+        return R < C + margin, trip_at
+
+    def _on_demand_locked(self, job: JobView, inp: PolicyInput, od: Config | None, cur: Config | None) -> bool:
+        """Safety Net's 'stay until the end': once on on-demand with the net tripped, stay."""
+        if cur is None or cur.market != ON_DEMAND or job.deadline_s is None or od is None:
+            return False
+        R, C, d, _ = self._deadline_terms(job, inp, od)
+        return R < C + 2.0 * d + inp.decision_interval_s
+
+
+class GreedySpotPolicy(_DeadlineBaseline):
+    name = "greedy-spot"
+
+    def _one(self, job: JobView, inp: PolicyInput) -> Allocation:
+        configs, od, cur = self._setup(job, inp)
+        if cur is not None and cur.market == SPOT:
+            return self._alloc(job, cur, "greedy: stay on spot until preempted")
+        if cur is not None and cur.market == ON_DEMAND:
+            return self._alloc(job, cur, "greedy: safety net, on-demand until the end")
+        trip, trip_at = self._safety_net(job, inp, od)
+        if trip:
+            return self._alloc(job, od, "greedy: safety net")
+        spot = next((c for c in configs if c.market == SPOT), None)
+        if spot is not None:
+            return self._alloc(job, spot, "greedy: cheapest spot with room")
+        return self._alloc(job, None, "greedy: no spot room, waiting", wake=trip_at)
+
+
+class UniformProgressPolicy(_DeadlineBaseline):
+    name = "uniform-progress"
+
+    def _expected_progress(self, job: JobView, t: float) -> float:
+        if job.deadline_s is None:
+            return 0.0
+        span = job.deadline_s - job.submitted_s
+        return total_work(job) * min(1.0, max(0.0, (t - job.submitted_s) / span))
+
+    def _one(self, job: JobView, inp: PolicyInput) -> Allocation:
+        configs, od, cur = self._setup(job, inp)
+        d = restart_overhead_s(job)
+        cp = total_work(job) - remaining_work(job)
+        spot = next((c for c in configs if c.market == SPOT), None)
+        if cur is not None and cur.market == SPOT:
+            return self._alloc(job, cur, "UP: exploitation, stay on spot until preempted")
+        if self._on_demand_locked(job, inp, od, cur):
+            return self._alloc(job, cur, "UP: safety net, on-demand until the end")
+        if cur is not None and cur.market == ON_DEMAND:
+            target = self._expected_progress(job, inp.now_s + 2.0 * d)
+            if cp < target:
+                # Wake when progress on on-demand should have caught up with ep(t + 2d).
+                slope = total_work(job) / max(1.0, (job.deadline_s or inp.now_s + 1) - job.submitted_s)
+                gain = max(1e-9, cur.rate - slope)
+                return self._alloc(job, cur, "UP: hysteresis", wake=inp.now_s + (target - cp) / gain)
+            if spot is not None:
+                return self._alloc(job, spot, "UP: caught up, back to spot")
+            return self._alloc(job, None, "UP: caught up, idle")
+        trip, trip_at = self._safety_net(job, inp, od)
+        if trip:
+            return self._alloc(job, od, "UP: safety net")
+        if spot is not None:
+            return self._alloc(job, spot, "UP: taking risks on spot")
+        if cp < self._expected_progress(job, inp.now_s):
+            return self._alloc(job, od, "UP: behind uniform progress, on-demand")
+        wake = trip_at
+        if job.deadline_s is not None:
+            span = job.deadline_s - job.submitted_s
+            behind_at = job.submitted_s + cp / total_work(job) * span
+            wake = behind_at if wake is None else min(wake, behind_at)
+        return self._alloc(job, None, "UP: ahead, waiting for spot", wake=wake)

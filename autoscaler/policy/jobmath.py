@@ -1,0 +1,144 @@
+"""What every policy needs to know about a job: its work, its speed on an allocation, its deadline.
+
+Shared by the baselines and the spotrain policy so that they compare like with like. Pure functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+from cloud_providers.base import ON_DEMAND, SPOT, Offering
+from cost_models.scaling import AmdahlScaling, LinearScaling, Scaling, accelerator_speed
+
+from .base import Held, JobView, Placement, PolicyInput, eligible_offerings
+
+# Restart overhead assumed until the job's own checkpoint + restart times are measured (seconds).
+DEFAULT_RESTART_OVERHEAD_S = 360.0
+# Scaling assumed for a job whose throughput model is unknown (a profile the policy may not read):
+# Amdahl with 5 % serial time, between linear and the Pollux profiles' measured curves.
+PRIOR_SCALING: Scaling = AmdahlScaling(0.05)
+
+
+def job_scaling(job: JobView) -> Scaling:
+    if job.scaling is not None:
+        return job.scaling
+    s = job.spec.simulate.scaling
+    if s == "linear":
+        return LinearScaling()
+    serial = getattr(s, "serial_fraction", None)
+    if serial is not None:
+        return AmdahlScaling(float(serial))
+    return PRIOR_SCALING
+
+
+def total_work(job: JobView) -> float:
+    """Reference GPU-seconds of the whole job (the spec's estimate)."""
+    return job.spec.simulate.work_gpu_hours * 3600.0
+
+
+def remaining_work(job: JobView) -> float:
+    p = 0.0 if job.progress is None else min(max(job.progress, 0.0), 1.0)
+    return total_work(job) * (1.0 - p)
+
+
+def restart_overhead_s(job: JobView) -> float:
+    return DEFAULT_RESTART_OVERHEAD_S if job.restart_overhead_s is None else max(0.0, job.restart_overhead_s)
+
+
+def gang_rate(scaling: Scaling, parts: Iterable[tuple[Offering, int]]) -> float:
+    """Work per second of a gang (offering, instances): the slowest GPU sets the pace (synchronous
+    data parallelism), the scaling curve the speedup."""
+    workers = 0
+    speed = float("inf")
+    per_node = 1
+    for o, n in parts:
+        if n <= 0:
+            continue
+        workers += n * o.gpus
+        speed = min(speed, accelerator_speed(o.accelerator))
+        per_node = max(per_node, o.gpus)
+    if workers == 0:
+        return 0.0
+    return speed * scaling.speedup(workers, per_node)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A homogeneous gang: ``instances`` of one offering on one market."""
+
+    offering: Offering
+    market: str
+    instances: int
+    rate: float
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.offering.key, self.market)
+
+    @property
+    def workers(self) -> int:
+        return self.instances * self.offering.gpus
+
+    @property
+    def price_usd_per_hour(self) -> float:
+        return self.instances * self.offering.price_usd_per_hour(self.market)
+
+    @property
+    def usd_per_work(self) -> float:
+        return self.price_usd_per_hour / 3600.0 / self.rate if self.rate > 0 else float("inf")
+
+    def placement(self) -> Placement:
+        return Placement(self.offering.key, self.market, self.instances)
+
+
+def spot_allowed(job: JobView) -> bool:
+    return job.spec.resources.spot in ("auto", "always")
+
+
+def on_demand_allowed(job: JobView) -> bool:
+    return job.spec.resources.spot in ("auto", "never")
+
+
+def homogeneous_configs(job: JobView, options: Sequence[Offering], workers: int, scaling: Scaling) -> list[Config]:
+    """Every way to run exactly ``workers`` GPUs on one offering and market (spot only where the
+    market has room now). Sorted cheapest per unit of work first."""
+    out: list[Config] = []
+    for o in options:
+        if workers % o.gpus:
+            continue
+        n = workers // o.gpus
+        rate = gang_rate(scaling, ((o, n),))
+        if on_demand_allowed(job):
+            out.append(Config(o, ON_DEMAND, n, rate))
+        if spot_allowed(job) and o.spot_price_usd_per_hour is not None:
+            room = o.spot_available if o.spot_available is not None else n
+            if room >= n:
+                out.append(Config(o, SPOT, n, rate))
+    out.sort(key=lambda c: (c.usd_per_work, c.market != SPOT, c.offering.key))
+    return out
+
+
+def held_mode(held: Sequence[Held]) -> str:
+    """'idle', 'spot', 'on-demand' or 'mixed' for what a job holds now."""
+    markets = {h.market for h in held if h.instances > 0}
+    if not markets:
+        return "idle"
+    if len(markets) > 1:
+        return "mixed"
+    return next(iter(markets))
+
+
+def held_matches(held: Sequence[Held], placements: Sequence[Placement]) -> bool:
+    a = {(h.offering_key, h.market): h.instances for h in held if h.instances > 0}
+    b = {(p.offering_key, p.market): p.instances for p in placements if p.instances > 0}
+    return a == b
+
+
+def job_options(job: JobView, inp: PolicyInput) -> list[Offering]:
+    """Eligible offerings, without those that refused capacity in the last ``CAPACITY_BACKOFF_S``."""
+    return eligible_offerings(job.spec, inp.offerings)
+
+
+def held_parts(held: Sequence[Held], by_key: Mapping[str, Offering]) -> list[tuple[Offering, int]]:
+    return [(by_key[h.offering_key], h.instances) for h in held if h.offering_key in by_key and h.instances > 0]

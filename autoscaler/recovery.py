@@ -1,0 +1,106 @@
+"""Start-up reconciliation: make the database and the cloud agree after a crash.
+
+A controller can die at any moment, including between asking the cloud for an instance and recording
+the answer. On start it
+- resolves write-ahead launch decisions left pending: the instance carrying the decision's tag is
+  adopted; a decision with no instance never launched and is marked failed (the launch is idempotent on
+  the decision id, so asking again could not have made a second one either);
+- adopts instances tagged with this controller that belong to live jobs but are missing from the
+  database, and terminates every other instance tagged with this controller (orphans);
+- terminates instances still alive for jobs that already ended;
+- lets running gangs run on: their workers are detached processes that outlive the controller, and the
+  next tick observes them as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, InstanceState
+
+from .state import Decision, InstanceRow, JobState, Store
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+log = logging.getLogger("spotrain.recovery")
+
+
+def recover(ctl: "Controller") -> dict[str, int]:
+    """Reconcile; returns counts (adopted, orphans_terminated, decisions_failed, released) for the log."""
+    counts = {"adopted": 0, "orphans_terminated": 0, "decisions_failed": 0, "released": 0}
+    provider = ctl.provider
+    with ctl._lock, ctl.store.session() as s:
+        cloud_instances = {i.instance_id: i for i in provider.list_instances({TAG_CONTROLLER: ctl.controller_id})}
+        jobs = {j.job_id: j for j in ctl.store.jobs(s, controller_id=ctl.controller_id)}
+
+        # 1. Pending write-ahead decisions.
+        for d in s.scalars(select(Decision).where(Decision.status == "pending")):
+            job = jobs.get(d.job_id)
+            found = [i for i in cloud_instances.values() if i.tags.get(TAG_DECISION) == d.decision_id]
+            if found and job is not None:
+                inst = found[0]
+                ctl.record_instance(
+                    s, job, inst.instance_id, d.offering_key, d.market, d.decision_id, inst.launched_at_s,
+                    _gpus(d.offering_key),
+                )
+                d.status, d.instance_id = "launched", inst.instance_id
+                Store.note(s, job, "adopted", f"{inst.instance_id} from an unrecorded launch (decision {d.decision_id})")
+                counts["adopted"] += 1
+            else:
+                d.status, d.reason = "failed", "no instance found for this decision after a restart"
+                counts["decisions_failed"] += 1
+        s.flush()
+
+        # 2. Instances in the cloud: adopt what belongs to live jobs, terminate orphans.
+        for inst in cloud_instances.values():
+            if not inst.alive:
+                continue
+            row = s.get(InstanceRow, inst.instance_id)
+            job = jobs.get(inst.tags.get(TAG_JOB, ""))
+            live = job is not None and not JobState(job.state).terminal
+            if row is None and live and job is not None:
+                ctl.record_instance(
+                    s, job, inst.instance_id, inst.offering_key, inst.market, inst.tags.get(TAG_DECISION, ""),
+                    inst.launched_at_s, _gpus(inst.offering_key),
+                )
+                Store.note(s, job, "adopted", f"{inst.instance_id} found by tag")
+                counts["adopted"] += 1
+            elif not live:
+                ctl.executor.stop(inst.instance_id)
+                provider.terminate(inst.instance_id)
+                counts["orphans_terminated"] += 1
+
+        # 3. The database's view of instances vs the cloud's.
+        for job in jobs.values():
+            for row in ctl.store.instances(s, job.job_id, alive_only=True):
+                inst = cloud_instances.get(row.instance_id)
+                if inst is None or not inst.alive:
+                    ctl.executor.stop(row.instance_id)
+                    row.state = InstanceState.TERMINATED.value
+                    row.terminated_at_s = (inst.terminated_at_s if inst else None) or provider.now_s()
+                    if inst is not None and inst.interruption and not row.interruption:
+                        row.interruption = inst.interruption
+                elif JobState(job.state).terminal:
+                    ctl.executor.stop(row.instance_id)
+                    provider.terminate(row.instance_id)
+                    row.state = InstanceState.TERMINATED.value
+                    row.terminated_at_s = provider.now_s()
+                    counts["released"] += 1
+        live_jobs = [j for j in jobs.values() if not JobState(j.state).terminal]
+        for job in live_jobs:
+            Store.note(s, job, "controller-restart", f"controller {ctl.controller_id} recovered: {counts}")
+    log.info("recovery: %s", counts)
+    return counts
+
+
+
+def _gpus(offering_key: str) -> int:
+    """GPUs per instance from an offering key (``cloud/zone/type/ACCEL:N``)."""
+    try:
+        return max(1, int(offering_key.rsplit(":", 1)[1]))
+    except (IndexError, ValueError):
+        return 1

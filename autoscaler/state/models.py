@@ -1,0 +1,129 @@
+"""Persistent state: jobs, instances, launch decisions, events (market history is derived from instances).
+
+SQLite by default (any SQLAlchemy URL works). Every job transition is an event row with a timestamp
+and a reason. A launch *decision* is written before the cloud is asked, so a controller that crashes
+between asking and recording can find the instance by its decision tag and never launches twice.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from sqlalchemy import Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class JobState(str, enum.Enum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    RUNNING = "RUNNING"
+    RESCALING = "RESCALING"
+    RECOVERING = "RECOVERING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    FAILED_NO_RESOURCE = "FAILED_NO_RESOURCE"
+    FAILED_BUDGET = "FAILED_BUDGET"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.FAILED_NO_RESOURCE, JobState.FAILED_BUDGET}
+)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    job_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    controller_id: Mapped[str] = mapped_column(String(80), index=True)
+    cloud: Mapped[str] = mapped_column(String(16))
+    spec_json: Mapped[str] = mapped_column(Text)
+    workdir: Mapped[str] = mapped_column(Text)
+    checkpoint_uri: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(24), default=JobState.PENDING.value, index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    submitted_at: Mapped[float] = mapped_column(Float, default=time.time)
+    submitted_clock_s: Mapped[float] = mapped_column(Float, default=0.0)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempt whose workers are running now (0: none).
+    gang_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    gang_port: Mapped[int] = mapped_column(Integer, default=0)
+    gang_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Set once a stop directive was sent to the running gang (rescale/cancel), with its reason.
+    gang_stopping: Mapped[str] = mapped_column(String(32), default="")
+    restarts_on_errors: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    on_demand_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metric_name: Mapped[str] = mapped_column(String(64), default="")
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    final_model: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_checkpoint_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Measured seconds (wall) from a gang stop to training running again; feeds the policy.
+    restart_overhead_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    scenario_json: Mapped[str] = mapped_column(Text, default="")
+
+
+class InstanceRow(Base):
+    __tablename__ = "instances"
+
+    instance_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    cloud: Mapped[str] = mapped_column(String(16))
+    offering_key: Mapped[str] = mapped_column(String(160))
+    market: Mapped[str] = mapped_column(String(16))
+    gpus: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    decision_id: Mapped[str] = mapped_column(String(80), index=True)
+    launched_at_s: Mapped[float] = mapped_column(Float)
+    terminated_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    interruption: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    notice_delivered: Mapped[int] = mapped_column(Integer, default=0)
+    # Gang attempt this instance's workers belong to (0: no workers started), and its first rank.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    first_rank: Mapped[int] = mapped_column(Integer, default=0)
+    billed_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    on_demand_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Decision(Base):
+    """A launch the controller decided on, written before the cloud is asked (write-ahead)."""
+
+    __tablename__ = "decisions"
+
+    decision_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    offering_key: Mapped[str] = mapped_column(String(160))
+    market: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    # pending -> launched (instance_id set) | failed (reason set)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    instance_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    ts: Mapped[float] = mapped_column(Float, default=time.time)
+    kind: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str] = mapped_column(String(24), default="")
+    to_state: Mapped[str] = mapped_column(String(24), default="")
+    reason: Mapped[str] = mapped_column(Text, default="")

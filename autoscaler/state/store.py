@@ -1,0 +1,89 @@
+"""The Store: sessions over the state database, and the few queries everything needs."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from .models import TERMINAL, Base, Event, InstanceRow, Job, JobState
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    cur = dbapi_conn.cursor()
+    # WAL lets `spotrain status` read while the controller writes; busy_timeout rides out short locks.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: Engine = create_engine(url, future=True)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+    # ----- queries -----
+    def job(self, s: Session, ref: str) -> Job | None:
+        """Find a job by id, or by name (the newest job of that name)."""
+        j = s.get(Job, ref)
+        if j is not None:
+            return j
+        return s.scalars(select(Job).where(Job.name == ref).order_by(Job.submitted_at.desc())).first()
+
+    def jobs(self, s: Session, *, controller_id: str | None = None, live_only: bool = False) -> list[Job]:
+        q = select(Job).order_by(Job.submitted_at)
+        if controller_id is not None:
+            q = q.where(Job.controller_id == controller_id)
+        if live_only:
+            q = q.where(Job.state.not_in([t.value for t in TERMINAL]))
+        return list(s.scalars(q))
+
+    def live_job_named(self, s: Session, name: str) -> Job | None:
+        return s.scalars(
+            select(Job).where(Job.name == name, Job.state.not_in([t.value for t in TERMINAL]))
+        ).first()
+
+    def instances(self, s: Session, job_id: str, *, alive_only: bool = False) -> list[InstanceRow]:
+        q = select(InstanceRow).where(InstanceRow.job_id == job_id).order_by(InstanceRow.launched_at_s, InstanceRow.instance_id)
+        if alive_only:
+            q = q.where(InstanceRow.state != "terminated")
+        return list(s.scalars(q))
+
+    def events(self, s: Session, job_id: str) -> list[Event]:
+        return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)))
+
+    @staticmethod
+    def transition(s: Session, job: Job, to: JobState, reason: str) -> None:
+        """Move a job to ``to`` and record the event (no-op if already there with no new reason)."""
+        if job.state == to.value:
+            return
+        s.add(Event(job_id=job.job_id, ts=time.time(), kind="state", from_state=job.state, to_state=to.value, reason=reason))
+        job.state = to.value
+        job.reason = reason
+        if to in TERMINAL:
+            job.finished_at = time.time()
+
+    @staticmethod
+    def note(s: Session, job: Job, kind: str, reason: str) -> None:
+        s.add(Event(job_id=job.job_id, ts=time.time(), kind=kind, from_state=job.state, to_state=job.state, reason=reason))

@@ -1,0 +1,109 @@
+"""User data that installs and starts the worker agent on a real instance, without a shell injection.
+
+The job's strings (name, ``setup``, ``run``, environment) are never spliced into a script. They travel
+as one JSON document, base64-encoded inside cloud-init ``write_files`` (so no YAML or shell quoting
+is involved), to a root-only file; the commands cloud-init runs are a fixed argv list chosen by the
+operator (interpreter, package, agent module) that only names that file. cloud-init quotes list-form
+``runcmd`` entries itself, and our entries contain no job data anyway. The agent reads the file and
+runs the user's commands as its own child processes.
+
+The document is written as JSON, which is also YAML, so no YAML emitter decides our quoting.
+User data is readable by anyone allowed ``ec2:DescribeInstanceAttribute``: never put secrets here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+CONFIG_PATH = "/etc/spotrain/agent.json"
+# EC2 accepts at most 16 KiB of user data (before its own base64 encoding).
+MAX_USER_DATA_BYTES = 16 * 1024
+# The PyTorch Deep Learning AMI's interpreter (see docs/aws.md).
+DEFAULT_PYTHON = "/opt/pytorch/bin/python"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AgentBoot:
+    """How an instance installs and starts the agent. Operator settings, not job data."""
+
+    python: str = DEFAULT_PYTHON
+    package: str = "spotrain"
+    agent_module: str = "runtime.agent"
+    unit_name: str = "spotrain-agent"
+
+    def __post_init__(self) -> None:
+        for field in ("python", "package", "agent_module", "unit_name"):
+            value = getattr(self, field)
+            if not value or any(c in value for c in "\n\r\0"):
+                raise ValueError(f"agent boot setting {field}={value!r} must be a non-empty single line")
+
+    def commands(self) -> list[list[str]]:
+        """Fixed argv lists: they depend on operator settings only, never on the job."""
+        return [
+            [self.python, "-m", "pip", "install", "--quiet", self.package],
+            # A transient systemd service: restarted if it crashes, logs in the journal.
+            [
+                "systemd-run",
+                f"--unit={self.unit_name}",
+                "--property=Restart=on-failure",
+                self.python,
+                "-m",
+                self.agent_module,
+                "--config",
+                CONFIG_PATH,
+            ],
+        ]
+
+
+def render(config: Mapping[str, Any], boot: AgentBoot | None = None) -> str:
+    """cloud-config text carrying ``config`` (JSON-serialisable) for the agent. ValueError if too big."""
+    boot = boot or AgentBoot()
+    try:
+        payload = json.dumps(dict(config), sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"agent config is not JSON-serialisable: {exc}") from exc
+    document = {
+        "write_files": [
+            {
+                "path": CONFIG_PATH,
+                "permissions": "0600",
+                "owner": "root:root",
+                "encoding": "b64",
+                "content": base64.b64encode(payload).decode("ascii"),
+            }
+        ],
+        "runcmd": boot.commands(),
+    }
+    text = "#cloud-config\n" + json.dumps(document, indent=1, ensure_ascii=True) + "\n"
+    if len(text.encode()) > MAX_USER_DATA_BYTES:
+        raise ValueError(
+            f"agent config too large for EC2 user data ({len(text.encode())} > {MAX_USER_DATA_BYTES} bytes)"
+        )
+    return text
+
+
+def decode(text: str) -> dict[str, Any]:
+    """The agent config inside user data rendered by ``render`` (ValueError if there is none)."""
+    try:
+        document = yaml.safe_load(text)
+        for entry in document.get("write_files", []):
+            if entry.get("path") == CONFIG_PATH:
+                config = json.loads(base64.b64decode(entry["content"], validate=True))
+                if isinstance(config, dict):
+                    return config
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError, binascii.Error, ValueError) as exc:
+        raise ValueError(f"user data is not a spotrain agent config: {exc}") from exc
+    raise ValueError("user data has no spotrain agent config")
+
+
+def commands(text: str) -> Sequence[Sequence[str]]:
+    """The runcmd argv lists of rendered user data (for tests and operators inspecting an instance)."""
+    document = yaml.safe_load(text)
+    return [list(map(str, c)) for c in document.get("runcmd", [])]

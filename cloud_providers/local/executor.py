@@ -1,0 +1,202 @@
+"""Runs a job's workers as local processes, one detached agent per (instance, attempt).
+
+Layout under ``root``::
+
+    instances/<instance_id>/attempt-<n>/agent.json   the agent's config (what to run, where)
+    instances/<instance_id>/attempt-<n>/pid          the agent's pid (= its process group)
+    instances/<instance_id>/attempt-<n>/notice.json  the notice file the runtime watches
+    instances/<instance_id>/attempt-<n>/exit-<rank>  exit code of each rank, as it happens
+    instances/<instance_id>/attempt-<n>/done         all ranks of the instance have exited
+    jobs/<job_id>/progress.json                      rank 0's progress report
+
+Everything is in files, so a restarted controller picks up exactly where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..executor import GangState, WorkerLaunch, WorkerStatus
+from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class LocalExecutor:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        (self.root / "instances").mkdir(parents=True, exist_ok=True)
+        (self.root / "jobs").mkdir(parents=True, exist_ok=True)
+
+    # ----- paths -----
+    def _idir(self, instance_id: str) -> Path:
+        return self.root / "instances" / instance_id
+
+    def _adir(self, instance_id: str, attempt: int) -> Path:
+        return self._idir(instance_id) / f"attempt-{attempt}"
+
+    def progress_file(self, job_id: str) -> str:
+        d = self.root / "jobs" / job_id
+        d.mkdir(parents=True, exist_ok=True)
+        return str(d / "progress.json")
+
+    # ----- contract -----
+    def start(self, launch: WorkerLaunch) -> None:
+        adir = self._adir(launch.instance_id, launch.attempt)
+        if (adir / "pid").exists():
+            return  # idempotent: this attempt was already started on this instance
+        adir.mkdir(parents=True, exist_ok=True)
+        Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
+        env = dict(launch.env)
+        env[ENV_NOTICE_FILE] = str(adir / "notice.json")
+        env[ENV_PROGRESS_FILE] = self.progress_file(launch.job_id)
+        # Loopback gloo needs this on these machines; workers share 2 cores, so one thread each.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        # `python` in the user's command must be the interpreter spotrain runs under.
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        cfg = {
+            "instance_id": launch.instance_id,
+            "instance_dir": str(self._idir(launch.instance_id)),
+            "attempt_dir": str(adir),
+            "attempt": launch.attempt,
+            "run": launch.run,
+            "setup": launch.setup,
+            "cwd": launch.cwd,
+            "ranks": list(launch.ranks),
+            "world_size": launch.world_size,
+            "master_addr": launch.master_addr,
+            "master_port": launch.master_port,
+            "env": env,
+            "log_dir": launch.log_dir,
+        }
+        cfg_path = adir / "agent.json"
+        _write_atomic(cfg_path, json.dumps(cfg))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cloud_providers.local.agent", str(cfg_path)],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(Path(launch.log_dir) / f"agent-{launch.instance_id}.log", "ab"),
+            close_fds=True,
+        )
+        _write_atomic(adir / "pid", str(proc.pid))
+
+    def _agent_alive(self, adir: Path) -> int | None:
+        try:
+            pid = int((adir / "pid").read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        # Guard against pid reuse: the process must be our agent for this very attempt.
+        if str(adir / "agent.json").encode() not in cmdline:
+            return None
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return None
+        except OSError:
+            return None
+        return pid
+
+    def status(self, instance_id: str, attempt: int) -> WorkerStatus:
+        adir = self._adir(instance_id, attempt)
+        if not (adir / "pid").exists():
+            return WorkerStatus(GangState.ABSENT)
+        codes: dict[int, int] = {}
+        for f in adir.glob("exit-*"):
+            if f.name.endswith(".tmp"):
+                continue
+            try:
+                codes[int(f.name.split("-", 1)[1])] = int(f.read_text())
+            except ValueError:
+                continue
+        if (adir / "done").exists():
+            self._reap(adir)
+            return WorkerStatus(GangState.EXITED, codes)
+        if self._agent_alive(adir) is not None:
+            return WorkerStatus(GangState.RUNNING, codes)
+        # The agent may have just finished: look once more for its completion record.
+        if (adir / "done").exists():
+            return WorkerStatus(GangState.EXITED, codes)
+        return WorkerStatus(GangState.LOST, codes)
+
+    @staticmethod
+    def _reap(adir: Path) -> None:
+        """Collect a finished agent's exit status if this process started it (no zombies left)."""
+        try:
+            pid = int((adir / "pid").read_text())
+            os.waitpid(pid, os.WNOHANG)
+        except (OSError, ValueError, ChildProcessError):
+            pass
+
+    def _latest_attempt_dir(self, instance_id: str) -> Path | None:
+        idir = self._idir(instance_id)
+        attempts = sorted(
+            (int(p.name.split("-", 1)[1]), p) for p in idir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit()
+        )
+        return attempts[-1][1] if attempts else None
+
+    def notify(self, instance_id: str, notice: Mapping[str, Any]) -> None:
+        adir = self._latest_attempt_dir(instance_id)
+        if adir is None or (adir / "done").exists():
+            return
+        if not (adir / "notice.json").exists():
+            _write_atomic(adir / "notice.json", json.dumps(dict(notice)))
+
+    def stop(self, instance_id: str) -> None:
+        idir = self._idir(instance_id)
+        for adir in idir.glob("attempt-*"):
+            pid = self._agent_alive(adir)
+            if pid is None:
+                continue
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            # Reap it if it is our child (same process started it), so it does not linger as a zombie.
+            for _ in range(50):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if done:
+                    break
+                time.sleep(0.01)
+
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(Path(self.progress_file(job_id)).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def reset_progress(self, job_id: str) -> None:
+        try:
+            os.unlink(self.progress_file(job_id))
+        except FileNotFoundError:
+            pass
+
+    def live_instance_ids(self) -> list[str]:
+        """Instances with a running agent (for orphan sweeps)."""
+        out = []
+        for idir in (self.root / "instances").iterdir():
+            if any(self._agent_alive(a) is not None for a in idir.glob("attempt-*")):
+                out.append(idir.name)
+        return out

@@ -1,0 +1,59 @@
+"""A torch-free worker that speaks the worker protocol, for fast controller tests.
+
+It counts steps (``PW_STEPS`` total, ``PW_STEP_S`` seconds each), resumes from the step it recorded
+under the checkpoint URI, writes progress, stops with exit 85 at the next step after a notice, and
+exits with ``PW_FAIL_CODE`` at step ``PW_FAIL_AT`` when asked (a user bug). The real runtime is tested
+end to end elsewhere; this isolates the controller's state machine.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+rank = int(os.environ.get("RANK", "0"))
+uri = os.environ["SPOTRAIN_CHECKPOINT_URI"]
+ckpt = Path(uri.removeprefix("file://")) / "checkpoints"
+ckpt.mkdir(parents=True, exist_ok=True)
+steps = int(os.environ.get("PW_STEPS", "20"))
+step_s = float(os.environ.get("PW_STEP_S", "0.05"))
+fail_at = int(os.environ.get("PW_FAIL_AT", "-1"))
+fail_code = int(os.environ.get("PW_FAIL_CODE", "3"))
+notice = Path(os.environ["SPOTRAIN_NOTICE_FILE"])
+progress = Path(os.environ["SPOTRAIN_PROGRESS_FILE"])
+state = ckpt / "step.txt"
+step = int(state.read_text()) if state.exists() else 0
+
+
+def report(extra=None):
+    if rank != 0:
+        return
+    d = {"step": step, "total_steps": steps, "metric": step / steps, "metric_name": "fraction",
+         "world_size": int(os.environ.get("WORLD_SIZE", "1")), "last_checkpoint_step": step}
+    d.update(extra or {})
+    tmp = progress.with_suffix(".tmp")
+    tmp.write_text(json.dumps(d))
+    os.replace(tmp, progress)
+
+
+while step < steps:
+    if notice.exists():
+        if rank == 0:
+            state.write_text(str(step))
+        report()
+        sys.exit(85)
+    if step == fail_at:
+        print(f"rank {rank}: simulated user bug at step {step}", flush=True)
+        sys.exit(fail_code)
+    time.sleep(step_s)
+    step += 1
+    if rank == 0:
+        state.write_text(str(step))
+    report()
+if rank == 0:
+    final = Path(uri.removeprefix("file://")) / "final"
+    final.mkdir(parents=True, exist_ok=True)
+    (final / "model.safetensors").write_bytes(b"fake")
+    report({"final_model": uri + "/final/model.safetensors"})
+sys.exit(0)
