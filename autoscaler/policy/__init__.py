@@ -20,6 +20,17 @@ __all__ = [
 
 
 def get_policy(name: str = "default") -> Policy:
-    if name in ("default", "cheapest"):
-        return CheapestPolicy()
-    raise ValueError(f"unknown policy {name!r}")
+    """A policy by name: ``default`` (= ``cheapest`` until spotrain lands), ``cheapest``, and the
+    simulator's baselines ``on-demand``, ``greedy-spot``, ``uniform-progress``."""
+    from .baselines import GreedySpotPolicy, OnDemandPolicy, UniformProgressPolicy
+
+    factories: dict[str, type] = {
+        "default": CheapestPolicy,
+        "cheapest": CheapestPolicy,
+        "on-demand": OnDemandPolicy,
+        "greedy-spot": GreedySpotPolicy,
+        "uniform-progress": UniformProgressPolicy,
+    }
+    if name not in factories:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(factories))})")
+    return factories[name]()

@@ -48,6 +48,9 @@ class JobView:
     scaling: Scaling | None = None
     # Seconds since the last checkpoint (work lost if preempted without time to checkpoint); None: unknown.
     since_checkpoint_s: float | None = None
+    # True while the gang is restarting anyway (a worker was just lost or added): a change of
+    # allocation now costs no extra restart (controller: RECOVERING / RESCALING).
+    restarting: bool = False
 
     @property
     def deadline_s(self) -> float | None:

@@ -1,0 +1,73 @@
+"""Building simulated jobs from specs, and running any named policy (omniscient included) on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cost_models.scaling import AmdahlScaling, LinearScaling, ProfileScaling, Scaling, read_profile_csv
+
+from ..errors import SpecError
+from ..policy import get_policy
+from ..policy.jobmath import DEFAULT_RESTART_OVERHEAD_S
+from ..spec import JobSpec
+from .engine import SimJob, SimResult, Simulation
+from .omniscient import PlanPolicy, plan_omniscient
+
+POLICIES = ("on-demand", "greedy-spot", "uniform-progress", "omniscient", "spotrain")
+# Seconds from asking the cloud for an instance to the worker process starting (AWS/GCP GPU VMs
+# typically boot in 1-2 minutes).
+LAUNCH_S = 90.0
+
+
+def restart_overhead_from_measurements(*, checkpoint_save_s: float | None, restore_s: float | None) -> float:
+    """Restart overhead d = checkpoint save + instance launch + restore (measured parts when known)."""
+    if checkpoint_save_s is None and restore_s is None:
+        return DEFAULT_RESTART_OVERHEAD_S
+    return (checkpoint_save_s or 0.0) + LAUNCH_S + (restore_s or 0.0)
+
+
+def spec_scaling(spec: JobSpec, spec_dir: Path | None = None) -> Scaling:
+    """The job's scaling model from its ``simulate.scaling`` (profile paths relative to the spec)."""
+    s = spec.simulate.scaling
+    if s == "linear":
+        return LinearScaling()
+    serial = getattr(s, "serial_fraction", None)
+    if serial is not None:
+        return AmdahlScaling(float(serial))
+    path = Path(getattr(s, "profile"))
+    if not path.is_absolute() and spec_dir is not None:
+        path = spec_dir / path
+    try:
+        model = read_profile_csv(path)
+    except ValueError as exc:
+        raise SpecError(f"spec error: simulate.scaling.profile: {exc}") from None
+    return ProfileScaling(model, spec.training.global_batch_size)
+
+
+def make_sim_job(
+    spec: JobSpec,
+    *,
+    spec_dir: Path | None = None,
+    restart_overhead_s: float | None = None,
+    checkpoint_save_s: float | None = None,
+    restore_s: float | None = None,
+    scaling: Scaling | None = None,
+) -> SimJob:
+    if restart_overhead_s is None:
+        restart_overhead_s = restart_overhead_from_measurements(checkpoint_save_s=checkpoint_save_s, restore_s=restore_s)
+    return SimJob(
+        spec=spec,
+        scaling=scaling if scaling is not None else spec_scaling(spec, spec_dir),
+        restart_overhead_s=restart_overhead_s,
+        checkpoint_save_s=30.0 if checkpoint_save_s is None else checkpoint_save_s,
+    )
+
+
+def run_named(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:
+    """Run one of ``POLICIES`` from ``start_s``."""
+    if policy == "omniscient":
+        plan = plan_omniscient(sim, job, start_s)
+        return sim.run(job, PlanPolicy(plan), start_s)
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
+    return sim.run(job, get_policy(policy), start_s)

@@ -1,0 +1,213 @@
+"""Omniscient: the offline optimum with the whole trace known (Can't Be Late, NSDI'24, section 5.3).
+
+The paper states it as an ILP over discretised time; we solve the same problem exactly by dynamic
+programming, which is faster and needs no solver. Time runs on the simulator's decision grid (ticks
+of ``grid_s``); in each tick a fixed-size gang of ``workers.max`` GPUs is either idle, or runs one
+*homogeneous configuration* (all on-demand on one offering, or all spot on one offering with room for
+the whole gang during the tick: Can't Be Late's homogeneous clusters and Polarization Rule). Every start
+of a configuration costs the restart overhead ``d`` (billed, no progress). Work is counted in units of
+one minute of the first configuration's rate.
+
+    state   (tick k, mode m, work units w)       mode = idle | (config c, ticks since its start)
+    value   the least cost of reaching it
+    moves   idle                                 cost 0, progress 0
+            start c (from any state)             cost price_c(k), progress floor(r_c * (grid - d)+)
+            continue c                           cost price_c(k), progress r_c * (grid - overhead left)+
+            (a spot configuration only while its market has room for the gang in tick k)
+
+The finishing tick is billed pro rata, as the simulator bills it. The plan is then replayed through the
+simulator by ``PlanPolicy``, so omniscient's reported figures come from the same accounting as every
+other policy. It is exact (a true lower bound for all the homogeneous policies on the same grid) when
+``d`` is a whole number of minutes and the configurations run at equal speed; progress is rounded
+down otherwise, which keeps the plan feasible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from cloud_providers.base import ON_DEMAND, SPOT, Offering
+
+from ..policy.base import Allocation, JobView, Placement, PolicyInput
+from ..policy.jobmath import gang_rate, on_demand_allowed, spot_allowed
+from .engine import SimJob, Simulation
+
+UNIT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    key: str
+    market: str
+    instances: int
+    rate: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What to hold in each tick from ``start_s`` on (None: nothing)."""
+
+    start_s: float
+    grid_s: float
+    ticks: tuple[Placement | None, ...]
+    cost_usd: float
+    feasible: bool
+
+    def at(self, t: float) -> tuple[Placement | None, float | None]:
+        k = int(math.floor((t - self.start_s) / self.grid_s + 1e-9))
+        if k < 0 or k >= len(self.ticks):
+            return None, None
+        cur = self.ticks[k]
+        j = k + 1
+        while j < len(self.ticks) and self.ticks[j] == cur:
+            j += 1
+        nxt = self.start_s + j * self.grid_s if j < len(self.ticks) else None
+        return cur, nxt
+
+
+class PlanPolicy:
+    """Replays an omniscient plan through the policy interface."""
+
+    name = "omniscient"
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def decide(self, inp: PolicyInput) -> list[Allocation]:
+        out = []
+        for job in inp.jobs:
+            p, nxt = self.plan.at(inp.now_s)
+            if p is None and (nxt is None and inp.now_s >= self.plan.start_s + len(self.plan.ticks) * self.plan.grid_s):
+                out.append(Allocation(job.job_id, (), reason="omniscient plan exhausted", fail_state="FAILED_NO_RESOURCE"))
+                continue
+            out.append(Allocation(job.job_id, () if p is None else (p,), reason="omniscient plan", next_decision_s=nxt))
+        return out
+
+
+def _configs(sim: Simulation, job: SimJob, view: JobView) -> list[_Cfg]:
+    n_workers = job.spec.workers.max
+    out: list[_Cfg] = []
+    seen_od: set[tuple[float, float]] = set()
+    offers: list[Offering] = sim.offerings_at(0.0)
+    for o in offers:
+        if n_workers % o.gpus:
+            continue
+        n = n_workers // o.gpus
+        rate = gang_rate(job.scaling, ((o, n),))
+        if spot_allowed(view) and o.spot_price_usd_per_hour is not None:
+            out.append(_Cfg(o.key, SPOT, n, rate))
+        if on_demand_allowed(view):
+            sig = (o.on_demand_price_usd_per_hour * n, rate)
+            if sig not in seen_od:
+                seen_od.add(sig)
+                out.append(_Cfg(o.key, ON_DEMAND, n, rate))
+    # On demand is always available: keep only the Pareto front of (rate up, price down).
+    od = [c for c in out if c.market == ON_DEMAND]
+    price = {c: next(o for o in offers if o.key == c.key).on_demand_price_usd_per_hour * c.instances for c in od}
+    dominated = {c for c in od for e in od if e != c and e.rate >= c.rate and price[e] <= price[c] and (e.rate > c.rate or price[e] < price[c] or e.key < c.key)}
+    return [c for c in out if c not in dominated]
+
+
+def plan_omniscient(sim: Simulation, job: SimJob, start_s: float, *, horizon_s: float | None = None) -> Plan:
+    """The least-cost plan for ``job`` from ``start_s`` (grid-aligned) to its deadline."""
+    start = sim.align(start_s)
+    grid = sim.grid_s
+    spec = job.spec
+    view = JobView(job_id=job.job_id, spec=spec, submitted_s=start, progress=0.0)
+    cfgs = _configs(sim, job, view)
+    if not cfgs:
+        return Plan(start, grid, (), 0.0, False)
+    if spec.objective.deadline_s is not None:
+        horizon = spec.objective.deadline_s
+    else:
+        slowest_od = min((c.rate for c in cfgs if c.market == ON_DEMAND), default=min(c.rate for c in cfgs))
+        horizon = horizon_s or max(sim.trace.duration_s - start, 0.0) + job.work / slowest_od + 2 * job.restart_overhead_s
+    n_ticks = int(math.floor(horizon / grid + 1e-9))
+    unit = max(c.rate for c in cfgs) * UNIT_S
+    w_goal = job.work / unit
+    n_w = int(math.ceil(w_goal - 1e-9))
+    d = job.restart_overhead_s
+    n_sub = int(math.ceil(d / grid)) if d > 0 else 0  # ticks still (partly) in overhead after a start
+
+    # Per config, per sub-state s (0..n_sub): progress units in a tick; s == n_sub means steady.
+    prog = np.zeros((len(cfgs), n_sub + 1), dtype=np.int64)
+    busy = np.zeros((len(cfgs), n_sub + 1))  # overhead seconds spent in that tick
+    for i, c in enumerate(cfgs):
+        for s in range(n_sub + 1):
+            left = max(0.0, d - s * grid)
+            busy[i, s] = min(grid, left)
+            prog[i, s] = int(math.floor(c.rate * max(0.0, grid - left) / unit + 1e-9))
+    n_modes = 1 + len(cfgs) * (n_sub + 1)
+
+    def mode(i: int, s: int) -> int:
+        return 1 + i * (n_sub + 1) + s
+
+    inf = np.inf
+    cost = np.full((n_modes, n_w), inf)
+    cost[0, 0] = 0.0
+    # Back-pointers per tick: argmin mode of the "any state" minimum, and per (mode, w) how it was
+    # reached: -1 by a start, otherwise the sub-state it continued from.
+    arg_any: list[np.ndarray] = []
+    src_code: list[np.ndarray] = []
+    best_fin = inf
+    fin: tuple[int, int, int, int] | None = None  # (tick, config, source sub-state or -1, w)
+    ws = np.arange(n_w)
+    for k in range(n_ticks):
+        t = start + k * grid
+        offers = {o.key: o for o in sim.offerings_at(t)}
+        am = np.argmin(cost, axis=0)
+        m_any = cost[am, ws]
+        new = np.full((n_modes, n_w), inf)
+        code = np.zeros((n_modes, n_w), dtype=np.int8)
+        new[0] = m_any
+        for i, c in enumerate(cfgs):
+            o = offers[c.key]
+            if c.market == SPOT and (o.spot_price_usd_per_hour is None or (o.spot_available or 0) < c.instances):
+                continue
+            price_s = o.price_usd_per_hour(c.market) * c.instances / 3600.0
+            moves = [(-1, m_any, 0)] + [(s_src, cost[mode(i, s_src)], s_src) for s_src in range(min(1, n_sub), n_sub + 1)]
+            for tag, src, s_src in moves:
+                g = int(prog[i, s_src])
+                dst = mode(i, min(s_src + 1, n_sub))
+                if g < n_w:
+                    cand = src[: n_w - g] + price_s * grid
+                    cur = new[dst, g:]
+                    better = cand < cur
+                    if better.any():
+                        cur[better] = cand[better]
+                        code[dst, g:][better] = tag
+                # Finishing inside this tick: w + g >= goal, billed until the finish.
+                lo = max(0, n_w - g) if g > 0 else n_w
+                if lo < n_w:
+                    w_fin = ws[lo:]
+                    need_s = (w_goal - w_fin) * unit / c.rate
+                    fc = src[lo:] + price_s * (busy[i, s_src] + need_s)
+                    j = int(np.argmin(fc))
+                    if fc[j] < best_fin - 1e-12:
+                        best_fin, fin = float(fc[j]), (k, i, tag, int(w_fin[j]))
+        arg_any.append(am)
+        src_code.append(code)
+        cost = new
+    if fin is None:
+        return Plan(start, grid, (), inf, False)
+    k_fin, i_fin, tag, w = fin
+    ticks: list[Placement | None] = [None] * (k_fin + 1)
+    c = cfgs[i_fin]
+    ticks[k_fin] = Placement(c.key, c.market, c.instances)
+    m = int(arg_any[k_fin][w]) if tag == -1 else mode(i_fin, tag)
+    for k in range(k_fin - 1, -1, -1):
+        # (m, w): the state at the end of tick k. Walk back to the state before it.
+        if m == 0:
+            m = int(arg_any[k][w])
+            continue
+        i, _ = divmod(m - 1, n_sub + 1)
+        c = cfgs[i]
+        ticks[k] = Placement(c.key, c.market, c.instances)
+        tag = int(src_code[k][m, w])
+        s_src = 0 if tag == -1 else tag
+        w -= int(prog[i, s_src])
+        m = int(arg_any[k][w]) if tag == -1 else mode(i, s_src)
+    return Plan(start, grid, tuple(ticks), best_fin, True)

@@ -1,0 +1,57 @@
+"""Helpers shared by tests (importable as ``support``; tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROTOCOL_WORKER = REPO / "tests" / "workers" / "protocol_worker.py"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real ``spotrain`` entry point in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "autoscaler.cli.main", *args],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd,
+    )
+
+
+def worker_pids(marker: str, home: str | None = None) -> list[int]:
+    """PIDs of live (non-zombie) processes whose command line contains ``marker`` and that belong to
+    the test's SPOTRAIN_HOME (so parallel or earlier runs do not interfere)."""
+    home = home if home is not None else os.environ.get("SPOTRAIN_HOME", "")
+    tag = f"SPOTRAIN_HOME={home}".encode()
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker not in cmd or state == "Z" or int(p.name) == os.getpid():
+            continue
+        try:
+            if home and tag not in (p / "environ").read_bytes().split(b"\0"):
+                continue
+        except OSError:
+            continue
+        out.append(int(p.name))
+    return out
+
+
+def write_pw_spec(dir_: Path, *, name: str = "pw", extra: str = "", workers: str = "{min: 1, max: 2}") -> Path:
+    """A job spec whose workers are the torch-free protocol worker."""
+    spec = dir_ / f"{name}.yaml"
+    spec.write_text(
+        f"name: {name}\n"
+        f"run: {sys.executable} {PROTOCOL_WORKER}\n"
+        "resources: {accelerators: [T4:1], clouds: [aws, gcp]}\n"
+        f"workers: {workers}\n"
+        "training: {logical_workers: 4, global_batch_size: 64}\n" + extra
+    )
+    return spec

@@ -1,0 +1,83 @@
+"""The CLI's edges: bad input is one line naming the problem with a non-zero exit, and it starts fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support import run_cli
+
+GOOD = """\
+name: ok-job
+run: python train.py
+resources: {accelerators: [T4:1], clouds: [aws]}
+workers: {min: 1, max: 2}
+training: {logical_workers: 2, global_batch_size: 32}
+objective: {budget_usd: 5}
+"""
+
+BAD = {
+    "yaml-syntax": (GOOD + "workers: {min: 1, max: [\n", "YAML syntax error"),
+    "unknown-field": (GOOD + "colour: blue\n", "colour: unknown field"),
+    "wrong-type": (GOOD.replace("max: 2", "max: many"), "workers.max"),
+    "negative-budget": (GOOD.replace("budget_usd: 5", "budget_usd: -3"), "objective.budget_usd"),
+    "min-over-max": (GOOD.replace("min: 1, max: 2", "min: 4, max: 2"), "min (4) is greater than max (2)"),
+    "unknown-accelerator": (GOOD.replace("T4:1", "X100:1"), "unknown accelerator 'X100'"),
+    "empty-run": (GOOD.replace("run: python train.py", "run: '   '"), "run: must not be empty"),
+    "not-a-mapping": ("- just\n- a list\n", "must be a YAML mapping"),
+}
+
+
+@pytest.mark.parametrize("command", ["run", "submit", "estimate"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_spec_is_one_line(spotrain_home: Path, tmp_path: Path, command: str, case: str) -> None:
+    text, expected = BAD[case]
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    r = run_cli(command, str(spec), env={"SPOTRAIN_CONTROLLER_URL": "http://127.0.0.1:9"})
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert expected in lines[0], lines[0]
+
+
+def test_bad_set_override_and_missing_file(spotrain_home: Path, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(GOOD)
+    r = run_cli("run", str(spec), "--set", "workers.min=7")
+    assert r.returncode != 0 and "min (7) is greater than max (2)" in r.stderr
+    r = run_cli("run", str(tmp_path / "nope.yaml"))
+    assert r.returncode != 0 and "no such file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bad_scenario_is_one_line(spotrain_home: Path, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(GOOD)
+    sc = tmp_path / "sc.yaml"
+    sc.write_text("events:\n  - {at: 10s, preempt: 0}\n")
+    r = run_cli("run", str(spec), "--scenario", str(sc))
+    assert r.returncode != 0 and "events[0].preempt" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_never_imports_torch() -> None:
+    code = "import autoscaler.cli.main, autoscaler.controller, autoscaler.api, sys; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    code = "import autoscaler.cli.main, sys; assert 'torch' not in sys.modules and 'fastapi' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_help_is_fast() -> None:
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "autoscaler.cli.main", "--help"], capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    assert r.returncode == 0 and "simulate" in r.stdout
+    # Generous bound for a noisy 2-core machine; typically ~0.1 s.
+    assert elapsed < 2.0
+    for cmd in ("run", "controller", "submit", "status", "logs", "cancel"):
+        r = run_cli(cmd, "--help")
+        assert r.returncode == 0 and "Usage" in r.stdout, (cmd, r.stderr)

@@ -1,0 +1,153 @@
+"""The controller's state machine on the real local cloud, with torch-free protocol workers.
+
+Real processes, real SQLite, real market clock; the workers are ``tests/workers/protocol_worker.py``
+so that each case takes seconds. The real runtime runs end to end in ``test_quickstart.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from autoscaler.clouds import local_cloud
+from autoscaler.controller import Controller
+from autoscaler.home import db_url
+from autoscaler.policy import get_policy
+from autoscaler.recovery import recover
+from autoscaler.spec import load_spec
+from autoscaler.state import Decision, Store
+from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
+from cloud_providers.local.scenario import parse_scenario
+
+from support import PROTOCOL_WORKER, worker_pids, write_pw_spec
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET"}
+
+
+def make_controller(cloud_id: str, scenario_text: str = "", tmp: Path | None = None) -> Controller:
+    scenario = parse_scenario(scenario_text, base_dir=tmp or Path(".")) if scenario_text else None
+    setup = local_cloud(cloud_id, scenario=scenario)
+    return Controller(
+        store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=get_policy(),
+        controller_id=cloud_id, tick_s=0.1, clock_rate=setup.clock_rate,
+    )
+
+
+def drive(ctl: Controller, job_id: str, timeout_s: float = 60.0) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        ctl.tick()
+        info = ctl.job_info(job_id)
+        if info["state"] in TERMINAL:
+            return info
+        time.sleep(0.1)
+    raise AssertionError(f"job did not finish: {ctl.job_info(job_id)}")
+
+
+def events(ctl: Controller, job_id: str) -> list:
+    with ctl.store.session() as s:
+        return ctl.store.events(s, job_id)
+
+
+@pytest.mark.e2e
+def test_preempted_job_resumes_and_finishes(spotrain_home: Path, tmp_path: Path, pw_env: None) -> None:
+    ctl = make_controller("t-preempt", "events:\n  - {at_step: 10, preempt: 1}\n", tmp_path)
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    info = drive(ctl, job["job_id"])
+    assert info["state"] == "SUCCEEDED", info
+    assert info["preemptions"] >= 1
+    assert info["attempts"] >= 2
+    assert info["step"] == 40
+    assert info["final_model"].endswith(f"/{job['job_id']}/final/model.safetensors")
+    assert 0 < info["cost_usd"] < info["on_demand_cost_usd"]
+    kinds = [e.kind for e in events(ctl, job["job_id"])]
+    assert "preemption-notice" in kinds
+    assert worker_pids(str(PROTOCOL_WORKER)) == []
+    instances = ctl.provider.list_instances({TAG_JOB: job["job_id"]})
+    assert len(instances) >= 3  # two to start, one replacement
+    assert all(not i.alive for i in instances)
+
+
+@pytest.mark.e2e
+def test_user_error_is_retried_then_fails(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW_STEPS", "40")
+    monkeypatch.setenv("PW_FAIL_AT", "0")
+    ctl = make_controller("t-usererr")
+    spec, workdir = load_spec(write_pw_spec(tmp_path, extra="retries: {max_restarts_on_errors: 1}\n"))
+    job = ctl.submit(spec, workdir)
+    info = drive(ctl, job["job_id"])
+    assert info["state"] == "FAILED"
+    assert "exited with code 3" in info["reason"]
+    assert info["restarts_on_errors"] == 1
+    assert info["attempts"] == 2  # first try + one restart, then no more
+    assert info["workers"] == []
+    assert worker_pids(str(PROTOCOL_WORKER)) == []
+
+
+@pytest.mark.e2e
+def test_budget_is_never_exceeded(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW_STEPS", "100000")
+    monkeypatch.setenv("PW_STEP_S", "0.05")
+    ctl = make_controller("t-budget")
+    spec, workdir = load_spec(write_pw_spec(tmp_path, extra="objective: {budget_usd: 0.02}\n"))
+    job = ctl.submit(spec, workdir)
+    info = drive(ctl, job["job_id"], timeout_s=60)
+    assert info["state"] == "FAILED_BUDGET"
+    assert info["cost_usd"] <= 0.02
+    assert "budget" in info["reason"]
+    assert worker_pids(str(PROTOCOL_WORKER)) == []
+
+
+@pytest.mark.e2e
+def test_cancel_releases_everything(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW_STEPS", "100000")
+    ctl = make_controller("t-cancel")
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    for _ in range(30):
+        ctl.tick()
+        if ctl.job_info(job["job_id"])["state"] == "RUNNING":
+            break
+        time.sleep(0.1)
+    for _ in range(50):
+        if worker_pids(str(PROTOCOL_WORKER)):
+            break
+        time.sleep(0.1)
+    assert worker_pids(str(PROTOCOL_WORKER))
+    info = ctl.cancel(job["job_id"])
+    assert info["state"] == "CANCELLED"
+    time.sleep(0.2)
+    assert worker_pids(str(PROTOCOL_WORKER)) == []
+    assert all(not i.alive for i in ctl.provider.list_instances({TAG_JOB: job["job_id"]}))
+
+
+def test_recovery_adopts_unrecorded_launch_and_terminates_orphans(spotrain_home: Path, tmp_path: Path) -> None:
+    """A crash between run_instances and recording: the restarted controller adopts by decision tag,
+    terminates instances of no live job, and never launches twice for one decision."""
+    ctl = make_controller("t-recover")
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    offering = next(o for o in ctl.provider.offerings() if o.accelerator == "T4" and o.cloud == "aws")
+    with ctl.store.session() as s:
+        s.add(Decision(decision_id="d-crash", job_id=job["job_id"], offering_key=offering.key, market="on-demand"))
+    tags = {TAG_JOB: job["job_id"], TAG_CONTROLLER: "t-recover", TAG_MARKET: "on-demand", TAG_DECISION: "d-crash"}
+    inst = ctl.provider.launch(LaunchRequest(offering=offering, market="on-demand", decision_id="d-crash", tags=tags))
+    orphan_tags = {TAG_JOB: "gone-job", TAG_CONTROLLER: "t-recover", TAG_MARKET: "on-demand", TAG_DECISION: "d-orphan"}
+    orphan = ctl.provider.launch(LaunchRequest(offering=offering, market="on-demand", decision_id="d-orphan", tags=orphan_tags))
+
+    # "Restart": a new controller over the same database and cloud state.
+    ctl2 = make_controller("t-recover")
+    counts = recover(ctl2)
+    assert counts["adopted"] == 1 and counts["orphans_terminated"] == 1
+    with ctl2.store.session() as s:
+        d = s.get(Decision, "d-crash")
+        assert d is not None and d.status == "launched" and d.instance_id == inst.instance_id
+        assert [r.instance_id for r in ctl2.store.instances(s, job["job_id"])] == [inst.instance_id]
+    assert not ctl2.provider.get(orphan.instance_id).alive  # type: ignore[union-attr]
+    again = ctl2.provider.launch(LaunchRequest(offering=offering, market="on-demand", decision_id="d-crash", tags=tags))
+    assert again.instance_id == inst.instance_id
+    assert len(ctl2.provider.list_instances({TAG_DECISION: "d-crash"})) == 1
+    ctl2.cancel(job["job_id"])

@@ -1,0 +1,123 @@
+"""The controller as a service: real HTTP between CLI and controller, token auth, crash recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
+
+
+def start_controller(home: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoscaler.cli.main", "controller", "start", "--port", "0", "--tick", "0.2"],
+        env={**os.environ, "SPOTRAIN_HOME": str(home)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    info = home / "controller.json"
+    for _ in range(100):
+        if info.exists() and json.loads(info.read_text())["pid"] == proc.pid:
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(f"controller exited: {proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("controller did not start")
+
+
+def last_json(out: str) -> object:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def wait_state(job_id: str, states: set[str], timeout_s: float = 60) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        r = run_cli("status", job_id, "--json")
+        assert r.returncode == 0, r.stderr
+        job = last_json(r.stdout)
+        assert isinstance(job, dict)
+        if job["state"] in states:
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"{job_id} never reached {states}")
+
+
+@pytest.mark.e2e
+def test_sigkilled_controller_recovers_and_job_finishes(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW_STEPS", "60")
+    monkeypatch.setenv("PW_STEP_S", "0.05")
+    ctl = start_controller(spotrain_home)
+    try:
+        token = spotrain_home / "token"
+        assert token.stat().st_mode & 0o777 == 0o600
+        r = run_cli("submit", str(write_pw_spec(tmp_path)), "--json")
+        assert r.returncode == 0, r.stderr
+        job = last_json(r.stdout)
+        assert isinstance(job, dict) and {"job_id", "name", "state", "preemptions", "cost_usd", "on_demand_cost_usd", "metric", "final_model"} <= set(job)
+        job_id = job["job_id"]
+        running = wait_state(job_id, {"RUNNING"})
+        assert running["workers"]
+        table = run_cli("status")
+        assert table.returncode == 0 and job_id in table.stdout and "spot" in table.stdout
+
+        ctl.send_signal(signal.SIGKILL)
+        ctl.wait()
+        assert worker_pids(str(PROTOCOL_WORKER)), "workers must outlive the controller"
+        # With no controller, status still answers from SPOTRAIN_HOME.
+        offline = run_cli("status", job_id, "--json")
+        assert offline.returncode == 0 and last_json(offline.stdout)["job_id"] == job_id  # type: ignore[index]
+
+        ctl = start_controller(spotrain_home)
+        done = wait_state(job_id, {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_BUDGET", "FAILED_NO_RESOURCE"})
+        assert done["state"] == "SUCCEEDED", done
+        assert done["final_model"]
+        time.sleep(0.3)
+        assert worker_pids(str(PROTOCOL_WORKER)) == []
+        logs = run_cli("logs", job_id)
+        assert logs.returncode == 0 and "controller-restart" in logs.stdout and "SUCCEEDED" in logs.stdout
+
+        # A wrong token is refused with one line.
+        bad = run_cli("status", env={"SPOTRAIN_TOKEN": "wrong"})
+        assert bad.returncode != 0 and "refused the API token" in bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        try:
+            ctl.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            ctl.kill()
+
+
+@pytest.mark.e2e
+def test_cancel_over_http(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW_STEPS", "100000")
+    ctl = start_controller(spotrain_home)
+    try:
+        job = last_json(run_cli("submit", str(write_pw_spec(tmp_path)), "--json").stdout)
+        assert isinstance(job, dict)
+        wait_state(job["job_id"], {"RUNNING"})
+        dup = run_cli("submit", str(write_pw_spec(tmp_path)))
+        assert dup.returncode != 0 and "already exists" in dup.stderr
+        r = run_cli("cancel", job["job_id"])
+        assert r.returncode == 0 and "CANCELLED" in r.stdout
+        time.sleep(0.3)
+        assert worker_pids(str(PROTOCOL_WORKER)) == []
+        missing = run_cli("cancel", "no-such-job")
+        assert missing.returncode != 0 and "no job" in missing.stderr
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        ctl.wait(timeout=10)
+    assert not (spotrain_home / "controller.json").exists()
+
+
+def test_unreachable_controller_is_one_line(spotrain_home: Path, tmp_path: Path) -> None:
+    r = run_cli("submit", str(write_pw_spec(tmp_path)), env={"SPOTRAIN_CONTROLLER_URL": "http://127.0.0.1:9"})
+    assert r.returncode != 0
+    assert "cannot reach the controller" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
