@@ -73,6 +73,7 @@ class LocalProvider:
                 "decisions": {},
                 "fired": [],
                 "caps": {},
+                "unreported": [],
             }
             self._save()
         self.time_scale = float(self._state["time_scale"])
@@ -196,6 +197,8 @@ class LocalProvider:
                     self._on_terminate(instance_id)
                 return
             self._kill(rec)
+            # A poll reports every change once, including the ones the controller asked for.
+            self._state.setdefault("unreported", []).append(instance_id)
             self._save()
 
     def list_instances(self, tags: Mapping[str, str]) -> Sequence[Instance]:
@@ -222,6 +225,10 @@ class LocalProvider:
     def poll(self) -> Sequence[Instance]:
         with self._lock:
             changed: dict[str, dict[str, Any]] = {}
+            for iid in self._state.get("unreported", []):
+                if iid in self._state["instances"]:
+                    changed[iid] = self._state["instances"][iid]
+            self._state["unreported"] = []
             wall = self._clock()
             # 1. Notices that ran out: the cloud takes the machine back.
             for rec in self._state["instances"].values():
@@ -263,8 +270,7 @@ class LocalProvider:
                 held = self._alive_spot(offering_key=key)
                 for rec in held[::-1][: max(0, len(held) - avail)]:
                     self._give_notice(rec, "spot-market", changed)
-            if changed:
-                self._save()
+            self._save()
             return [self._to_instance(r) for r in changed.values()]
 
     def billing(self, instance: Instance) -> Billing:
