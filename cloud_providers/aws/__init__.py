@@ -48,10 +48,18 @@ def _split(value: Any) -> Any:
 def make_provider(**settings: Any) -> AwsProvider:
     """Build the AWS provider from controller settings (ValueError names a bad or unknown setting).
 
-    ``regions`` defaults to ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` (else us-east-1); ``image_id`` to
-    ``SPOTRAIN_AWS_IMAGE_ID`` (else the PyTorch Deep Learning AMI); ``controller_id`` is required.
+    ``controller_id`` is required. Unset settings come from the environment, so a controller started
+    as a subprocess (e.g. against moto's server) can be configured without code:
+
+    - ``regions``: ``SPOTRAIN_AWS_REGIONS``, else ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else us-east-1
+    - ``zones``: ``SPOTRAIN_AWS_ZONES`` (default: every zone of the regions)
+    - ``image_id``: ``SPOTRAIN_AWS_IMAGE_ID`` (default: the PyTorch Deep Learning AMI via SSM)
+    - ``spot_price_overrides``: ``SPOTRAIN_AWS_SPOT_PRICES``, a JSON object such as
+      ``{"g4dn.xlarge": 0.16, "us-east-1a/g5.xlarge": 0.36}`` (moto's own spot prices are fake)
+
     Comma-separated strings are accepted for ``regions``, ``zones`` and ``security_group_ids``.
     """
+    import json
     import os
 
     unknown = sorted(set(settings) - _SETTINGS)
@@ -61,8 +69,20 @@ def make_provider(**settings: Any) -> AwsProvider:
         raise ValueError("AWS provider setting controller_id is required")
     kwargs: dict[str, Any] = dict(settings)
     env: Mapping[str, str] = os.environ
-    default_region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    default_region = (
+        env.get("SPOTRAIN_AWS_REGIONS") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    )
     kwargs["regions"] = _split(kwargs.get("regions") or default_region)
+    if kwargs.get("zones") is None and env.get("SPOTRAIN_AWS_ZONES"):
+        kwargs["zones"] = env["SPOTRAIN_AWS_ZONES"]
+    if kwargs.get("spot_price_overrides") is None and env.get("SPOTRAIN_AWS_SPOT_PRICES"):
+        try:
+            prices = json.loads(env["SPOTRAIN_AWS_SPOT_PRICES"])
+            kwargs["spot_price_overrides"] = {str(k): float(v) for k, v in prices.items()}
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise ValueError(
+                "SPOTRAIN_AWS_SPOT_PRICES must be a JSON object of prices, e.g. {\"g4dn.xlarge\": 0.16}"
+            ) from exc
     for key in ("zones", "security_group_ids"):
         if key in kwargs and kwargs[key] is not None:
             kwargs[key] = _split(kwargs[key])

@@ -86,11 +86,15 @@ class SpotPriceCache:
             self._prices[region] = (now, prices)
         return prices
 
-    def price(self, region: str, zone: str, instance_type: str, instance_types: Iterable[str]) -> float | None:
+    def price(
+        self, region: str, zone: str, instance_type: str, instance_types: Callable[[], Iterable[str]]
+    ) -> float | None:
+        """``instance_types`` lists the region's types to fetch, called only on a cache miss without an
+        override (discovering them costs API calls)."""
         forced = override_for(self._overrides, zone, instance_type)
         if forced is not None:
             return forced
-        return self.region_prices(region, instance_types).get((zone, instance_type))
+        return self.region_prices(region, instance_types()).get((zone, instance_type))
 
     def _fetch(self, region: str, types: list[str]) -> dict[tuple[str, str], float]:
         client = self._client_for(region)

@@ -47,7 +47,10 @@ from .pricing import SpotPriceCache
 
 # The PyTorch Deep Learning AMI (x86_64, Ubuntu 24.04), resolved by EC2 itself from the public SSM
 # parameter at launch (RunInstances accepts "resolve:ssm:<name>" in place of an AMI id).
-DEFAULT_IMAGE_ID = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
+DEFAULT_IMAGE_ID = (
+    "resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
+    "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
+)
 MIN_BILLED_S = 60.0
 # An instance EC2 does not list yet is not "gone" until this long after its launch (describe is
 # eventually consistent right after RunInstances).
@@ -156,13 +159,16 @@ class AwsProvider:
             self._zone_types[region] = (now, found)
         return found
 
+    def _type_names(self, region: str) -> set[str]:
+        return {t.catalog.instance_type for t in self._types_in(region)}
+
     def offerings(self) -> Sequence[Offering]:
         out: list[Offering] = []
         for region in self.regions:
             types = self._types_in(region)
             names = {t.catalog.instance_type for t in types}
             for t in types:
-                spot = self._prices.price(region, t.zone, t.catalog.instance_type, names)
+                spot = self._prices.price(region, t.zone, t.catalog.instance_type, lambda: names)
                 out.append(
                     Offering(
                         cloud=CLOUD,
@@ -231,7 +237,7 @@ class AwsProvider:
             return existing
         price = o.on_demand_price_usd_per_hour
         if request.market == SPOT:
-            live = self._prices.price(o.region, o.zone, o.instance_type, catalog_types())
+            live = self._prices.price(o.region, o.zone, o.instance_type, lambda: self._type_names(o.region))
             price = min(live, price) if live is not None else price
         config = dict(self._boot_config_for(request)) if self._boot_config_for else {
             "job_id": request.tags.get(TAG_JOB, ""),
@@ -274,7 +280,10 @@ class AwsProvider:
             params["IamInstanceProfile"] = {"Name": self._instance_profile}
         response = call(self._client_for(o.region).run_instances, operation="RunInstances", where=where,
                         retry=self._retry, **params)
-        instance = self._convert(response["Instances"][0], o.region)
+        record = dict(response["Instances"][0])
+        # Tags were applied atomically at launch; not every response echoes them.
+        record.setdefault("Tags", [{"Key": k, "Value": v} for k, v in sorted(tags.items())])
+        instance = self._convert(record, o.region)
         with self._lock:
             self._seen[instance.instance_id] = instance
         return instance
@@ -285,13 +294,16 @@ class AwsProvider:
             known = self._region_of.get(instance_id)
         for region in ([known] if known else list(self.regions)):
             try:
-                call(self._client_for(region).terminate_instances, operation="TerminateInstances",
-                     where=Where(region=region), retry=self._retry, InstanceIds=[instance_id])
+                response = call(self._client_for(region).terminate_instances, operation="TerminateInstances",
+                                where=Where(region=region), retry=self._retry, InstanceIds=[instance_id])
             except InstanceNotFound:
                 continue
+            previous = [t.get("PreviousState", {}).get("Name") for t in response.get("TerminatingInstances", [])]
             with self._lock:
                 self._region_of[instance_id] = region
-                self._ended_at_s.setdefault(instance_id, self._clock())
+                # Billing ends now, unless it had already ended (then describe tells when).
+                if not any(p in ("shutting-down", "terminated") for p in previous):
+                    self._ended_at_s.setdefault(instance_id, self._clock())
             return
 
     def _convert(self, record: Mapping[str, Any], region: str, notice_deadline_s: float | None = None) -> Instance:
@@ -385,7 +397,8 @@ class AwsProvider:
             except (KeyError, ValueError):
                 tagged = None
             if tagged is None:
-                tagged = self._prices.price(instance.region, instance.zone, instance.instance_type, catalog_types())
+                tagged = self._prices.price(instance.region, instance.zone, instance.instance_type,
+                                            lambda: self._type_names(instance.region))
             price = min(tagged, on_demand) if tagged is not None else on_demand
         return Billing(billed_seconds=billed_s, cost_usd=billed_s * price / 3600.0,
                        on_demand_cost_usd=billed_s * on_demand / 3600.0)
