@@ -42,7 +42,7 @@ from cloud_providers.base import (
     Offering,
     Provider,
 )
-from cloud_providers.errors import CapacityUnavailable, ProviderError, QuotaExceeded
+from cloud_providers.errors import CapacityUnavailable, InvalidRequest, ProviderError, QuotaExceeded
 from cloud_providers.executor import Executor, GangState, WorkerLaunch
 
 from . import accounting
@@ -218,6 +218,8 @@ class Controller:
             if job is not None:
                 job.preemptions += 1
                 Store.note(s, job, "preemption-notice", f"{row.instance_id} ({row.offering_key}, {row.market}): {row.interruption}")
+        elif state is InstanceState.RUNNING and row.state == InstanceState.PENDING.value:
+            row.state = state.value
         elif state is InstanceState.TERMINATED and row.state != InstanceState.TERMINATED.value:
             self.executor.stop(row.instance_id)
             row.state = state.value
@@ -443,14 +445,19 @@ class Controller:
             }
             try:
                 inst = self.provider.launch(LaunchRequest(offering=o, market=market, decision_id=decision.decision_id, tags=tags))
-            except (CapacityUnavailable, QuotaExceeded) as exc:
+            except (CapacityUnavailable, QuotaExceeded, InvalidRequest) as exc:
+                # Capacity and quota: fail over (the policy avoids this offering for a while).
+                # An invalid request is not retried as is either. Throttling, credentials and other
+                # provider errors propagate: the tick is skipped and retried.
                 decision.status = "failed"
                 decision.reason = f"{type(exc).__name__}: {exc}"
                 self._capacity_failures.setdefault(job.job_id, {})[f"{key}|{market}"] = self.provider.now_s()
                 Store.note(s, job, "capacity", f"{key} ({market}): {exc}")
                 s.commit()
                 continue
-            self.record_instance(s, job, inst.instance_id, key, market, decision.decision_id, inst.launched_at_s, o.gpus)
+            self.record_instance(
+                s, job, inst.instance_id, key, market, decision.decision_id, inst.launched_at_s, o.gpus, inst.state.value
+            )
             decision.status = "launched"
             decision.instance_id = inst.instance_id
             Store.note(s, job, "launched", f"{inst.instance_id} on {key} ({market})")
@@ -458,13 +465,14 @@ class Controller:
 
     @staticmethod
     def record_instance(
-        s: Session, job: Job, instance_id: str, key: str, market: str, decision_id: str, launched_at_s: float, gpus: int
+        s: Session, job: Job, instance_id: str, key: str, market: str, decision_id: str, launched_at_s: float, gpus: int,
+        state: str = InstanceState.RUNNING.value,
     ) -> InstanceRow:
         row = s.get(InstanceRow, instance_id)
         if row is None:
             row = InstanceRow(
                 instance_id=instance_id, job_id=job.job_id, cloud=key.split("/")[0], offering_key=key, market=market,
-                gpus=gpus, state=InstanceState.RUNNING.value, decision_id=decision_id, launched_at_s=launched_at_s,
+                gpus=gpus, state=state, decision_id=decision_id, launched_at_s=launched_at_s,
             )
             s.add(row)
         return row

@@ -45,7 +45,7 @@ def recover(ctl: "Controller") -> dict[str, int]:
                 inst = found[0]
                 ctl.record_instance(
                     s, job, inst.instance_id, d.offering_key, d.market, d.decision_id, inst.launched_at_s,
-                    _gpus(d.offering_key),
+                    _gpus(d.offering_key), inst.state.value,
                 )
                 d.status, d.instance_id = "launched", inst.instance_id
                 Store.note(s, job, "adopted", f"{inst.instance_id} from an unrecorded launch (decision {d.decision_id})")
@@ -65,7 +65,7 @@ def recover(ctl: "Controller") -> dict[str, int]:
             if row is None and live and job is not None:
                 ctl.record_instance(
                     s, job, inst.instance_id, inst.offering_key, inst.market, inst.tags.get(TAG_DECISION, ""),
-                    inst.launched_at_s, _gpus(inst.offering_key),
+                    inst.launched_at_s, _gpus(inst.offering_key), inst.state.value,
                 )
                 Store.note(s, job, "adopted", f"{inst.instance_id} found by tag")
                 counts["adopted"] += 1

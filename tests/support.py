@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,3 +57,21 @@ def write_pw_spec(dir_: Path, *, name: str = "pw", extra: str = "", workers: str
         "training: {logical_workers: 4, global_batch_size: 64}\n" + extra
     )
     return spec
+
+
+def start_controller(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start `spotrain controller start --port 0` in a subprocess; wait until it has written its address."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoscaler.cli.main", "controller", "start", "--port", "0", "--tick", "0.2", *args],
+        env={**os.environ, **(env or {}), "SPOTRAIN_HOME": str(home)}, stdout=subprocess.DEVNULL,
+        stderr=open(home / "controller.log", "ab"), text=True,
+    )
+    info = home / "controller.json"
+    for _ in range(100):
+        if info.exists() and json.loads(info.read_text())["pid"] == proc.pid:
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(f"controller exited: {(home / 'controller.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("controller did not start")

@@ -67,7 +67,7 @@ def test_preempted_job_resumes_and_finishes(spotrain_home: Path, tmp_path: Path,
     assert "preemption-notice" in kinds
     assert worker_pids(str(PROTOCOL_WORKER)) == []
     instances = ctl.provider.list_instances({TAG_JOB: job["job_id"]})
-    assert len(instances) >= 3  # two to start, one replacement
+    assert len(instances) >= 2  # at least the first and a replacement
     assert all(not i.alive for i in instances)
 
 

@@ -12,23 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
-
-
-def start_controller(home: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autoscaler.cli.main", "controller", "start", "--port", "0", "--tick", "0.2"],
-        env={**os.environ, "SPOTRAIN_HOME": str(home)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    info = home / "controller.json"
-    for _ in range(100):
-        if info.exists() and json.loads(info.read_text())["pid"] == proc.pid:
-            return proc
-        if proc.poll() is not None:
-            raise AssertionError(f"controller exited: {proc.stderr.read() if proc.stderr else ''}")
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("controller did not start")
+from support import PROTOCOL_WORKER, run_cli, start_controller, worker_pids, write_pw_spec
 
 
 def last_json(out: str) -> object:

@@ -43,6 +43,15 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         setup = make_cloud(cloud, cloud_id=cid, executor=executor)
     except ValueError as exc:
         raise SpotrainError(str(exc)) from None
+    from cloud_providers.errors import CredentialsError, ProviderError
+
+    try:
+        # Fail fast, in one line, on missing credentials or an unreachable cloud endpoint.
+        setup.provider.offerings()
+    except CredentialsError as exc:
+        raise SpotrainError(f"{cloud}: {exc}") from None
+    except ProviderError as exc:
+        raise SpotrainError(f"{cloud}: cannot list offerings: {exc}") from None
     store = Store(db_url())
     ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                      controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)

@@ -20,12 +20,14 @@ __all__ = [
 
 
 def get_policy(name: str = "default") -> Policy:
-    """A policy by name: ``default`` (= ``cheapest`` until spotrain lands), ``cheapest``, and the
+    """A policy by name: ``default`` (= ``spotrain``), ``cheapest``, and the
     simulator's baselines ``on-demand``, ``greedy-spot``, ``uniform-progress``."""
     from .baselines import GreedySpotPolicy, OnDemandPolicy, UniformProgressPolicy
+    from .spotrain import SpotrainPolicy
 
     factories: dict[str, type] = {
-        "default": CheapestPolicy,
+        "default": SpotrainPolicy,
+        "spotrain": SpotrainPolicy,
         "cheapest": CheapestPolicy,
         "on-demand": OnDemandPolicy,
         "greedy-spot": GreedySpotPolicy,

@@ -160,7 +160,7 @@ class UniformProgressPolicy(_DeadlineBaseline):
                 return self._alloc(job, cur, "UP: hysteresis", wake=inp.now_s + (target - cp) / gain)
             if spot is not None:
                 return self._alloc(job, spot, "UP: caught up, back to spot")
-            return self._alloc(job, None, "UP: caught up, idle")
+            return self._alloc(job, None, "UP: caught up, idle", wake=self._idle_wake(job, inp, od, cp))
         trip, trip_at = self._safety_net(job, inp, od)
         if trip:
             return self._alloc(job, od, "UP: safety net")
@@ -168,9 +168,13 @@ class UniformProgressPolicy(_DeadlineBaseline):
             return self._alloc(job, spot, "UP: taking risks on spot")
         if cp < self._expected_progress(job, inp.now_s):
             return self._alloc(job, od, "UP: behind uniform progress, on-demand")
-        wake = trip_at
+        return self._alloc(job, None, "UP: ahead, waiting for spot", wake=self._idle_wake(job, inp, od, cp))
+
+    def _idle_wake(self, job: JobView, inp: PolicyInput, od: Config | None, cp: float) -> float | None:
+        """While idle: when cp(t) < ep(t) will hold, or the Safety Net will trip, whichever is first."""
+        _, wake = self._safety_net(job, inp, od)
         if job.deadline_s is not None:
             span = job.deadline_s - job.submitted_s
             behind_at = job.submitted_s + cp / total_work(job) * span
             wake = behind_at if wake is None else min(wake, behind_at)
-        return self._alloc(job, None, "UP: ahead, waiting for spot", wake=wake)
+        return wake

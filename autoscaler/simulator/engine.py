@@ -36,6 +36,9 @@ from .market_watch import MarketWatch
 from cost_models.scaling import Scaling
 
 GRID_S = 300.0
+# The controller decides every few seconds; the simulator decides at least this often even when
+# neither the market nor the policy's wake-up asks for it.
+MAX_DECISION_GAP_S = 1800.0
 MAX_SIM_S = 60 * 86400.0
 
 
@@ -171,7 +174,7 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
             recent_capacity_failures=dict(failures),
             scaling=job.scaling,
             since_checkpoint_s=run_since_ckpt % spec.checkpoint.interval_s,
-            restarting=broken or overhead_left > 0,
+            restarting=broken,
         )
         inp = PolicyInput(now_s=t, jobs=(view,), offerings=tuple(offers.values()), history=sim.watch.history_at(t), decision_interval_s=sim.grid_s)
         alloc = policy.decide(inp)[0]
@@ -193,7 +196,9 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         if target != holdings:
             holdings = target
             broken = True
-        wake = sim.align(max(alloc.next_decision_s, t + sim.grid_s)) if alloc.next_decision_s is not None else math.inf
+        wake = t + MAX_DECISION_GAP_S
+        if alloc.next_decision_s is not None:
+            wake = min(wake, sim.align(max(alloc.next_decision_s, t + sim.grid_s)))
         if broken and holdings:
             overhead_left = job.restart_overhead_s
             run_since_ckpt = 0.0

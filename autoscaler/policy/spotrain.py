@@ -1,0 +1,491 @@
+"""spotrain's policy: the allocation with the best expected goodput per dollar, that still meets the
+deadline and the budget, chosen jointly for all jobs.
+
+Per job (``plan_job``):
+
+1. Candidates. Allocations of ``workers.min..max`` GPUs: the current one; spot-only fills (held spot
+   first, then spot offerings by risk-adjusted price per unit of work); spot topped up with on-demand
+   (a heterogeneous gang, Can't Be Late section 5.5); and all-on-demand gangs.
+2. Score. ``cost_models.objective.goodput_per_usd``: the job's scaling model (or a prior) and the
+   accelerator's speed give the rate; each spot offering's hazard comes from what the controller saw
+   (preemptions per held hour, room vanishing per watched hour, a Gamma prior for unseen offerings),
+   decreasing with the age of the current run of availability (heavy-tailed lifetimes); each
+   preemption loses the restart overhead (measured when known) plus the work since the last
+   checkpoint when the notice is too short to checkpoint. Any change pays one restart up front, so a
+   new allocation must beat its restart cost (no thrashing).
+3. Deadline: Uniform Progress generalised (Can't Be Late, NSDI'24). With R the time to the deadline
+   and C the time the remaining work needs on the fastest on-demand gang (the fallback):
+   - Safety Net: when R - C < 2d + lag, run the fallback (or keep an intact spot gang while
+     R - C >= d + lag + lost work: a preemption then still leaves time for the fallback).
+   - Expected-supply progress rule: instead of the uniform line ep(t) = C0 t / R0, the job is
+     *behind* when the remaining work exceeds what spot is expected to supply before the deadline,
+     f * r_F * (R - reserve), with f the observed share of time spot had room for the gang (all
+     eligible offerings together, discounted for restarts) and a reserve of the Safety-Net margin
+     plus one mean outage. Behind: make progress now (spot if any, else on-demand). Ahead: only spot;
+     wait otherwise. On on-demand, stay until ahead by 2d (UP's hysteresis), and leave on-demand for
+     spot only when the expected spot life passes the paper's lifetime test (section 5.4).
+4. Budget: every candidate's projected spend (spent + price x expected time to finish) must fit the
+   hard budget. When even the cheapest way to finish does not fit, or the next decision interval could
+   overrun it, the job ends FAILED_BUDGET now, with the numbers in the reason.
+
+Jointly (``SpotrainPolicy.decide``): jobs are served in order of urgency (Safety Net, then behind,
+then the rest, each by best score); each takes its best candidate that fits the spot room left on each
+offering, the per-region instance quotas and the global spend rate, or waits. This is the greedy for a
+knapsack with one binding resource, whose value is at least OPT minus the value of one job's
+allocation (the classic bound for ratio-ordered greedy); it runs in O(jobs x candidates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from cloud_providers.base import ON_DEMAND, SPOT, Offering
+from cost_models import hazard as hz
+from cost_models import objective
+from cost_models.scaling import Scaling
+
+from .base import Allocation, JobView, MarketHistory, Placement, PolicyInput, eligible_offerings
+from .jobmath import gang_rate, job_scaling, on_demand_allowed, remaining_work, restart_overhead_s, spot_allowed
+
+CAPACITY_BACKOFF_S = 600.0
+# Planning horizon for goodput per dollar when the job has no nearer end (seconds).
+HORIZON_S = 6 * 3600.0
+URGENT, BEHIND, NORMAL = 0, 1, 2
+# Candidates within this share of the best goodput per dollar count as ties, broken by speed
+# (Pollux's lesson: take the speedup while it costs little efficiency).
+FASTER_TOLERANCE = 0.2
+# How many single-offering spot gangs to consider per size (bounds the work per job).
+SPOT_CANDIDATES = 4
+OD_CANDIDATES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class MarketView:
+    """Per-offering estimates, computed once per decision and shared by all jobs."""
+
+    hazard_per_hour: float
+    available_fraction_by_count: tuple[float, ...]
+    mean_outage_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    placements: tuple[Placement, ...]
+    rate: float
+    price_usd_per_hour: float
+    score: float
+    kind: str
+
+    @property
+    def spot_instances(self) -> Mapping[str, int]:
+        return {p.offering_key: p.instances for p in self.placements if p.market == SPOT}
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    job_id: str
+    urgency: int
+    candidates: tuple[Candidate, ...]
+    reason: str
+    wake_s: float | None = None
+    fail_state: str | None = None
+
+
+def market_view(o: Offering, h: MarketHistory | None) -> MarketView:
+    if h is None:
+        ev = hz.HazardEvidence()
+        frac = tuple(hz.PRIOR_AVAILABLE_FRACTION for _ in range(8))
+    else:
+        avail = h.available_s_at_least[0] if h.available_s_at_least else 0.0
+        ev = hz.HazardEvidence(held_hours=h.spot_seconds_held / 3600, preemptions=h.preemptions,
+                               watched_hours=h.watched_s / 3600, available_hours=avail / 3600, drops=h.drops)
+        w = h.watched_s / 3600
+        prior_w = hz.PRIOR_AVAILABILITY_HOURS
+        frac = tuple((hz.PRIOR_AVAILABLE_FRACTION * prior_w + a / 3600) / (prior_w + w) for a in h.available_s_at_least) or (hz.available_fraction(ev),)
+    return MarketView(hz.hazard_per_hour(ev), frac, hz.mean_outage_hours(ev) * 3600)
+
+
+def _age_hazard(view: MarketView, h: MarketHistory | None, now_s: float) -> float:
+    age_h = None
+    if h is not None and h.available_since_s is not None:
+        age_h = max(0.0, now_s - h.available_since_s) / 3600
+    return hz.age_hazard_per_hour(view.hazard_per_hour, age_h)
+
+
+class SpotrainPolicy:
+    name = "spotrain"
+
+    def decide(self, inp: PolicyInput) -> list[Allocation]:
+        by_key = {o.key: o for o in inp.offerings}
+        views: dict[str, MarketView] = {}
+        hazards: dict[str, float] = {}
+        for o in inp.offerings:
+            if o.spot_price_usd_per_hour is not None:
+                h = inp.history.get(o.key)
+                v = market_view(o, h)
+                views[o.key] = v
+                hazards[o.key] = _age_hazard(v, h, inp.now_s)
+        elig_cache: dict[tuple[object, ...], list[Offering]] = {}
+        plans = []
+        for job in inp.jobs:
+            r = job.spec.resources
+            ck = (tuple(map(str, r.accelerators)), tuple(r.instance_types), tuple(r.clouds), tuple(r.regions))
+            if ck not in elig_cache:
+                elig_cache[ck] = eligible_offerings(job.spec, inp.offerings)
+            plans.append(plan_job(job, inp, elig_cache[ck], views, hazards))
+        return allocate_jointly(plans, inp, by_key)
+
+
+def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping[str, Offering]) -> list[Allocation]:
+    """Greedy by urgency then score, under spot room, region quotas and the global spend rate."""
+    room = {k: (o.spot_available if o.spot_available is not None else 10**9) for k, o in by_key.items()}
+    region_used: dict[str, int] = {}
+    spend = 0.0
+    order = sorted(range(len(plans)), key=lambda i: (plans[i].urgency, -(plans[i].candidates[0].score if plans[i].candidates else 0.0), plans[i].job_id))
+    out: dict[int, Allocation] = {}
+    for i in order:
+        p = plans[i]
+        if p.fail_state is not None:
+            out[i] = Allocation(p.job_id, (), reason=p.reason, fail_state=p.fail_state)
+            continue
+        chosen = None
+        for c in p.candidates:
+            if any(room.get(k, 0) < n for k, n in c.spot_instances.items()):
+                continue
+            if inp.max_spend_usd_per_hour is not None and spend + c.price_usd_per_hour > inp.max_spend_usd_per_hour + 1e-9:
+                continue
+            use: dict[str, int] = {}
+            for pl in c.placements:
+                reg = by_key[pl.offering_key].region
+                use[reg] = use.get(reg, 0) + pl.instances
+            if any(reg in inp.region_quota_instances and region_used.get(reg, 0) + n > inp.region_quota_instances[reg] for reg, n in use.items()):
+                continue
+            chosen = c
+            for k, n in c.spot_instances.items():
+                room[k] = room.get(k, 0) - n
+            for reg, n in use.items():
+                region_used[reg] = region_used.get(reg, 0) + n
+            spend += c.price_usd_per_hour
+            break
+        if chosen is None:
+            why = p.reason if not p.candidates else "waiting: quotas, spend limit or spot room taken by other jobs"
+            out[i] = Allocation(p.job_id, (), reason=why, next_decision_s=p.wake_s)
+        else:
+            out[i] = Allocation(p.job_id, chosen.placements, reason=f"{chosen.kind}: {p.reason}", next_decision_s=p.wake_s)
+    return [out[i] for i in range(len(plans))]
+
+
+# ------------------------------------------------------------------------------------------------
+# One job
+
+
+def _held_map(job: JobView) -> dict[tuple[str, str], int]:
+    return {(h.offering_key, h.market): h.instances for h in job.held if h.instances > 0}
+
+
+def _fills(
+    job: JobView,
+    options: Sequence[Offering],
+    hazards: Mapping[str, float],
+    n_target: int,
+    *,
+    with_on_demand: bool,
+    d: float,
+) -> tuple[Placement, ...] | None:
+    """Fill ``n_target`` GPUs: held spot first, then spot by risk-adjusted price per GPU, then
+    (optionally) on-demand by price per GPU. None when it cannot reach ``workers.min``."""
+    held = _held_map(job)
+    left = n_target
+    out: dict[tuple[str, str], int] = {}
+    spot_ok = spot_allowed(job)
+    room: dict[str, int] = {}
+    for o in options:
+        if spot_ok and o.spot_price_usd_per_hour is not None:
+            mine = held.get((o.key, SPOT), 0)
+            room[o.key] = max(mine, o.spot_available if o.spot_available is not None else n_target)
+    if spot_ok:
+        keyed = []
+        for o in options:
+            if o.key in room and room[o.key] > 0:
+                eff = o.spot_price_usd_per_hour / o.gpus * (1.0 + hazards.get(o.key, hz.PRIOR_HAZARD_PER_HOUR) * d / 3600)  # type: ignore[operator]
+                keyed.append((0 if (o.key, SPOT) in held else 1, eff, o.key, o))
+        keyed.sort(key=lambda x: x[:3])
+        for _, _, _, o in keyed:
+            if left < o.gpus:
+                continue
+            n = min(room[o.key], left // o.gpus)
+            if n > 0:
+                out[(o.key, SPOT)] = n
+                left -= n * o.gpus
+    if with_on_demand and on_demand_allowed(job) and left > 0:
+        ods = sorted(options, key=lambda o: (0 if (o.key, ON_DEMAND) in held else 1, o.on_demand_price_usd_per_hour / o.gpus, o.key))
+        for o in ods:
+            if left < o.gpus:
+                continue
+            n = left // o.gpus
+            out[(o.key, ON_DEMAND)] = out.get((o.key, ON_DEMAND), 0) + n
+            left -= n * o.gpus
+            if left == 0:
+                break
+    got = n_target - left
+    if got < job.spec.workers.min or got == 0:
+        return None
+    return tuple(Placement(k, m, n) for (k, m), n in sorted(out.items()))
+
+
+def _on_demand_gangs(job: JobView, options: Sequence[Offering], scaling: Scaling, n: int) -> list[tuple[Placement, ...]]:
+    """The cheapest on-demand gangs of ``n`` GPUs per unit of work (a few: on demand never runs out)."""
+    fits = [o for o in options if n % o.gpus == 0]
+    fits.sort(key=lambda o: (o.on_demand_price_usd_per_hour * (n // o.gpus) / max(1e-12, gang_rate(scaling, ((o, n // o.gpus),))), o.key))
+    return [(Placement(o.key, ON_DEMAND, n // o.gpus),) for o in fits[:OD_CANDIDATES]]
+
+
+def plan_job(
+    job: JobView,
+    inp: PolicyInput,
+    options: Sequence[Offering],
+    views: Mapping[str, MarketView],
+    hazards_all: Mapping[str, float],
+) -> JobPlan:
+    spec = job.spec
+    if not options:
+        return JobPlan(job.job_id, URGENT, (), "no offering matches the job's resources", fail_state="FAILED_NO_RESOURCE")
+    by_key = {o.key: o for o in options}
+    # Avoid offerings that refused capacity recently (except what the job already holds there).
+    held = _held_map(job)
+    usable = [o for o in options if not (inp.now_s - job.recent_capacity_failures.get(o.key + "|" + SPOT, -1e18) < CAPACITY_BACKOFF_S and (o.key, SPOT) not in held)]
+    scaling = job_scaling(job)
+    d = restart_overhead_s(job)
+    lag = inp.decision_interval_s
+    notice_short = any(o.notice_seconds < 30.0 for o in usable)  # GCP's 30 s may be too short to save
+    lost_s = (job.since_checkpoint_s or 0.0) if notice_short else 0.0
+    loss_s = d + lost_s
+    w_rem = remaining_work(job)
+    nmax, nmin = spec.workers.max, spec.workers.min
+    # Under a deadline a preemption also spends slack, which later has to be bought back on demand:
+    # weight its loss by the on-demand/spot price ratio times the deadline pressure (the share of
+    # the time left that the remaining work needs on the fallback).
+    loss_eff_s = loss_s * _pressure_weight(job, usable, scaling, w_rem, inp.now_s)
+
+    # ---- candidates ----
+    raw: list[tuple[tuple[Placement, ...], str]] = []
+    cur = tuple(Placement(k, m, n) for (k, m), n in sorted(held.items()))
+    if cur and all(k in by_key for (k, _) in held):
+        raw.append((cur, "keep"))
+    sizes = sorted({nmax, nmin, sum(h.instances * h.gpus_per_instance for h in job.held) or nmax})
+    for n in sizes:
+        if n < nmin or n > nmax:
+            continue
+        for with_od in (False, True):
+            f = _fills(job, usable, hazards_all, n, with_on_demand=with_od, d=loss_eff_s)
+            if f is not None:
+                raw.append((f, "spot+on-demand" if with_od and any(p.market == ON_DEMAND for p in f) else "spot"))
+        if on_demand_allowed(job):
+            for g in _on_demand_gangs(job, usable, scaling, n):
+                raw.append((g, "on-demand"))
+        # Single-offering spot gangs on the few least risky offerings (lifetimes differ by zone).
+        if spot_allowed(job):
+            ranked = sorted(
+                (o for o in usable if o.spot_price_usd_per_hour is not None and n % o.gpus == 0
+                 and max(o.spot_available or 0, held.get((o.key, SPOT), 0)) >= n // o.gpus),
+                key=lambda o: (o.spot_price_usd_per_hour / o.gpus * (1 + hazards_all.get(o.key, hz.PRIOR_HAZARD_PER_HOUR) * loss_eff_s / 3600), o.key),  # type: ignore[operator]
+            )
+            for o in ranked[:SPOT_CANDIDATES]:
+                raw.append(((Placement(o.key, SPOT, n // o.gpus),), "spot"))
+    # Deduplicate.
+    seen: set[tuple[Placement, ...]] = set()
+    cands_raw = []
+    for pl, kind in raw:
+        if pl and pl not in seen:
+            seen.add(pl)
+            cands_raw.append((pl, kind))
+
+    # ---- the fallback (fastest on-demand gang) and deadline terms ----
+    od_rates = [(gang_rate(scaling, ((by_key[p.offering_key], p.instances) for p in pl)), pl) for pl, _ in cands_raw if all(p.market == ON_DEMAND for p in pl)]
+    fallback_rate = max((r for r, _ in od_rates), default=0.0)
+    deadline = job.deadline_s
+    now = inp.now_s
+    safety = 2.0 * d + lag + lost_s
+    urgency = NORMAL
+    wake: float | None = None
+    mode = "free"
+    if deadline is not None and fallback_rate > 0:
+        R = deadline - now
+        C = w_rem / fallback_rate
+        slack = R - C
+        supply = _spot_supply(job, usable, views, hazards_all, scaling, fallback_rate, d)
+        outage_s = min((views[o.key].mean_outage_s for o in usable if o.key in views), default=0.0)
+        reserve = safety + min(outage_s, 0.25 * max(R, 0.0))
+        need_rate_share = w_rem / max(1e-9, fallback_rate * max(R - reserve, 1e-9))
+        on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
+        if slack < safety:
+            urgency, mode = URGENT, "safety-net"
+        elif need_rate_share > supply or (on_od and w_rem > supply * fallback_rate * (R - reserve - 2 * d)):
+            urgency, mode = BEHIND, "behind"
+        else:
+            mode = "ahead"
+            # Wake when the job would fall behind if it stays idle (w_rem constant, R shrinking).
+            if supply > 0:
+                t_behind = deadline - reserve - w_rem / (supply * fallback_rate)
+                t_safety = deadline - C - safety
+                wake = max(now + lag, min(t_behind, t_safety))
+    # ---- score ----
+    scored: list[Candidate] = []
+    horizon_cap = HORIZON_S
+    for pl, kind in cands_raw:
+        parts = [(by_key[p.offering_key], p.instances) for p in pl]
+        rate = gang_rate(scaling, parts)
+        if rate <= 0:
+            continue
+        price = sum(o.price_usd_per_hour(p.market) * p.instances for o, p in zip((by_key[p.offering_key] for p in pl), pl))
+        lam = sum(hazards_all.get(p.offering_key, hz.PRIOR_HAZARD_PER_HOUR) for p in pl if p.market == SPOT)
+        switch_s = 0.0 if pl == cur and not job.restarting else d
+        horizon = min(horizon_cap, w_rem / rate / objective.productive_fraction(lam, loss_s) + switch_s) if w_rem > 0 else lag
+        score = objective.goodput_per_usd(rate, price, horizon_s=max(horizon, lag), hazard_per_hour=lam, loss_s=loss_eff_s, switch_s=switch_s)
+        scored.append(Candidate(pl, rate, price, score, kind))
+
+    # ---- deadline filter ----
+    def is_spot(c: Candidate) -> bool:
+        return any(p.market == SPOT for p in c.placements)
+
+    def all_od(c: Candidate) -> bool:
+        return all(p.market == ON_DEMAND for p in c.placements)
+
+    allowed = scored
+    reason = "best goodput per dollar"
+    if mode == "safety-net":
+        slack_now = (deadline - now) - w_rem / fallback_rate  # type: ignore[operator]
+        keep_spot = [c for c in scored if c.placements == cur and not job.restarting and c.rate >= fallback_rate - 1e-12 and slack_now >= d + lag + lost_s]
+        allowed = keep_spot or [c for c in scored if all_od(c) and c.rate >= fallback_rate - 1e-12]
+        reason = "safety net: slack below 2 x restart overhead"
+    elif mode == "behind":
+        fast = [c for c in scored if c.rate >= fallback_rate - 1e-12]
+        on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
+        k = _price_ratio(by_key, cur, fallback_rate, scored)
+        spot_fast = [c for c in fast if is_spot(c) and (not on_od or _life_ok(c, hazards_all, d, k, from_od=True))]
+        allowed = spot_fast + [c for c in fast if not is_spot(c)] if spot_fast else [c for c in fast if not is_spot(c)] or fast
+        reason = "behind the expected spot supply: progress now"
+    elif mode == "ahead":
+        on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
+        k = _price_ratio(by_key, cur, fallback_rate, scored)
+        allowed = [c for c in scored if all(p.market == SPOT for p in c.placements) and _life_ok(c, hazards_all, d, k, from_od=on_od)]
+        reason = "ahead of the expected spot supply: spot only, else wait"
+    elif deadline is None:
+        reason = "no deadline: best goodput per dollar"
+
+    # ---- budget ----
+    budget = spec.objective.budget_usd
+    if budget is not None:
+        left = budget - job.cost_so_far_usd
+        fits = []
+        cheapest_finish = math.inf
+        for c in scored:
+            lam = sum(hazards_all.get(p.offering_key, hz.PRIOR_HAZARD_PER_HOUR) for p in c.placements if p.market == SPOT)
+            t_fin = w_rem / c.rate / objective.productive_fraction(lam, loss_s) + (0.0 if c.placements == cur and not job.restarting else d)
+            need = c.price_usd_per_hour * t_fin / 3600
+            cheapest_finish = min(cheapest_finish, c.price_usd_per_hour * (w_rem / c.rate + (0.0 if c.placements == cur else d)) / 3600)
+            if need <= left and c.price_usd_per_hour * lag / 3600 <= left:
+                fits.append(c)
+        if w_rem > 0 and scored and cheapest_finish > left:
+            return JobPlan(job.job_id, urgency, (), (f"budget: finishing needs at least ${cheapest_finish:.2f} more, "
+                                                     f"${max(left, 0):.2f} of ${budget:.2f} left"), fail_state="FAILED_BUDGET")
+        fit_set = set(id(c) for c in fits)
+        allowed = [c for c in allowed if id(c) in fit_set]
+        if not allowed and mode in ("safety-net", "behind"):
+            allowed = [c for c in fits if c.rate > 0]
+    # Best goodput per dollar first; among candidates within FASTER_TOLERANCE of the best, the faster
+    # one wins (a job that finishes sooner is exposed to fewer preemptions and frees its quota).
+    best = max((c.score for c in allowed), default=0.0)
+    cut = best * (1 - FASTER_TOLERANCE)
+    allowed.sort(key=lambda c: ((0, -round(c.rate, 12), -c.score) if c.score >= cut else (1, 0.0, -c.score),
+                                [(p.offering_key, p.market, p.instances) for p in c.placements]))
+    # No thrashing: the current allocation stays unless something else beats it by its restart cost
+    # (already charged in the score); ties keep the current one.
+    keep = [c for c in allowed if c.placements == cur]
+    if keep and not job.restarting and keep[0].score >= allowed[0].score * (1 - 1e-9):
+        allowed = keep + [c for c in allowed if c is not keep[0]]
+    if not allowed:
+        why = "waiting for spot room" if mode == "ahead" else "no allocation fits the constraints; waiting"
+        return JobPlan(job.job_id, urgency, (), f"{why} ({reason})", wake_s=wake)
+    return JobPlan(job.job_id, urgency, tuple(allowed), reason, wake_s=wake)
+
+
+def _pressure_weight(job: JobView, options: Sequence[Offering], scaling: Scaling, w_rem: float, now_s: float) -> float:
+    """1 + (k - 1) * pressure, k = on-demand / spot price (per GPU, best of each), pressure in [0, 1]."""
+    if job.deadline_s is None or not options:
+        return 1.0
+    od = min(o.on_demand_price_usd_per_hour / o.gpus for o in options)
+    spots = [o.spot_price_usd_per_hour / o.gpus for o in options if o.spot_price_usd_per_hour]
+    if not spots:
+        return 1.0
+    k = od / min(spots)
+    n = job.spec.workers.max
+    rate = max((gang_rate(scaling, ((o, n // o.gpus),)) for o in options if n % o.gpus == 0), default=0.0)
+    left = job.deadline_s - now_s
+    if rate <= 0 or left <= 0:
+        return k
+    pressure = min(1.0, w_rem / rate / left)
+    return 1.0 + (k - 1.0) * pressure
+
+
+def _price_ratio(by_key: Mapping[str, Offering], cur: tuple[Placement, ...], fallback_rate: float, scored: Sequence[Candidate]) -> float:
+    """k = on-demand / spot price per unit of work (best of each)."""
+    od = min((c.price_usd_per_hour / c.rate for c in scored if all(p.market == ON_DEMAND for p in c.placements)), default=math.inf)
+    sp = min((c.price_usd_per_hour / c.rate for c in scored if any(p.market == SPOT for p in c.placements)), default=math.inf)
+    if not math.isfinite(od) or not math.isfinite(sp) or sp <= 0:
+        return math.inf
+    return od / sp
+
+
+def _life_ok(c: Candidate, hazards: Mapping[str, float], d: float, k: float, *, from_od: bool) -> bool:
+    lam = sum(hazards.get(p.offering_key, hz.PRIOR_HAZARD_PER_HOUR) for p in c.placements if p.market == SPOT)
+    if lam <= 0:
+        return True
+    if not math.isfinite(k):
+        return True
+    return objective.spot_worth_switching(3600.0 / lam, d, k, from_on_demand=from_od)
+
+
+def _spot_supply(
+    job: JobView,
+    options: Sequence[Offering],
+    views: Mapping[str, MarketView],
+    hazards: Mapping[str, float],
+    scaling: Scaling,
+    fallback_rate: float,
+    d: float,
+) -> float:
+    """Expected spot progress rate, as a share of the fallback's, over the rest of the job.
+
+    For each gang size k = 1..workers.max, the probability that some eligible offering has room for k
+    GPUs (offerings taken as independent) times the rate k adds, discounted by the share of time lost
+    to restarts at the offering's mean hazard."""
+    if not spot_allowed(job):
+        return 0.0
+    nmax, nmin = job.spec.workers.max, job.spec.workers.min
+    total = 0.0
+    prev_rate = 0.0
+    for k in range(1, nmax + 1):
+        p_none = 1.0
+        rate_k = 0.0
+        for o in options:
+            v = views.get(o.key)
+            if v is None or k % o.gpus:
+                continue
+            n_inst = k // o.gpus
+            fr = v.available_fraction_by_count
+            a = fr[min(n_inst, len(fr)) - 1] if fr else 0.0
+            a *= objective.productive_fraction(v.hazard_per_hour, d)
+            p_none *= 1.0 - a
+            rate_k = max(rate_k, gang_rate(scaling, ((o, n_inst),)))
+        if k < nmin:
+            prev_rate = 0.0 if k < nmin else prev_rate
+            continue
+        if k == nmin:
+            total += (1.0 - p_none) * rate_k
+        else:
+            total += (1.0 - p_none) * max(0.0, rate_k - prev_rate)
+        prev_rate = rate_k
+    return min(1.0, total / fallback_rate) if fallback_rate > 0 else 0.0
