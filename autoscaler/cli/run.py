@@ -84,6 +84,11 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
         click.echo(f"spotrain: interrupted; {job_id} cancelled and its instances released", err=True)
         sys.exit(130)
     ctl.shutdown()
+    # The embedded cloud goes away with this command: nothing it launched may outlive it.
+    for inst in setup.provider.list_instances({}):
+        if inst.alive:
+            setup.provider.terminate(inst.instance_id)
+            click.echo(f"spotrain: released {inst.instance_id}, still running after the job ended", err=True)
     j = ctl.job_info(job_id)
     click.echo("", file=out)
     click.echo(render.summary(j), file=out)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -135,7 +136,7 @@ class LocalProvider:
             if job is not None and rec["tags"].get("spotrain-job") != job:
                 continue
             out.append(rec)
-        return sorted(out, key=lambda r: (r["launched_at_s"], r["instance_id"]))
+        return sorted(out, key=lambda r: (r["launched_at_s"], r.get("seq", 0)))
 
     def _job_cap(self) -> int | None:
         caps = self._state.get("caps", {})
@@ -161,9 +162,11 @@ class LocalProvider:
                         cloud=o.cloud, region=o.region, zone=o.zone, instance_type=o.instance_type,
                     )
             self._state["counter"] += 1
-            iid = f"i-local-{self._state['counter']:06d}"
+            # Ids are unique across local clouds (each `spotrain run` has its own), like a real cloud's.
+            iid = f"i-{secrets.token_hex(8)}"
             rec = {
                 "instance_id": iid,
+                "seq": self._state["counter"],
                 "cloud": o.cloud,
                 "region": o.region,
                 "zone": o.zone,

@@ -20,18 +20,18 @@ from torch.utils.data import TensorDataset
 
 import runtime
 
-EPOCHS = int(os.environ.get("QUICKSTART_EPOCHS", "30"))
+EPOCHS = int(os.environ.get("QUICKSTART_EPOCHS", "40"))
 DEFAULTS = runtime.TrainingConfig(logical_workers=8, global_batch_size=128, seed=0, determinism="bitwise")
 
 
 class DigitsCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
         self.drop = nn.Dropout(0.3)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
+        self.fc1 = nn.Linear(64 * 4 * 4, 128)
+        self.fc2 = nn.Linear(128, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))
@@ -67,7 +67,7 @@ def main() -> int:
     train_set, test_set = digits(config.training.seed)
     torch.manual_seed(config.training.seed)
     model = DigitsCNN()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = EPOCHS * (len(train_set) // config.training.global_batch_size)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     trainer = runtime.ElasticTrainer(model, optimizer, train_set, loss_fn=loss_fn, config=config,
