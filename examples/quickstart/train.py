@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 
 import runtime
 
-EPOCHS = int(os.environ.get("QUICKSTART_EPOCHS", "40"))
+EPOCHS = int(os.environ.get("QUICKSTART_EPOCHS", "60"))
 DEFAULTS = runtime.TrainingConfig(logical_workers=8, global_batch_size=128, seed=0, determinism="bitwise")
 
 
