@@ -1,0 +1,115 @@
+"""Pollux goodput model: fit accuracy on the real profiles and invariants over random parameters."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from cost_models.goodput import ThroughputModel, ThroughputParams, efficiency
+from cost_models.scaling import DATA_DIR, AmdahlScaling, LinearScaling, ProfileScaling, pollux_model, read_profile_csv
+
+
+def _scalability(name: str) -> dict[str, np.ndarray]:
+    rows = list(csv.DictReader((DATA_DIR / name / "scalability.csv").read_text().splitlines()))
+    return {k: np.array([float(r[k]) for r in rows]) for k in rows[0]}
+
+
+@pytest.mark.parametrize("name", ["cifar10", "bert", "imagenet", "ncf"])
+def test_fit_predicts_measured_step_times(name: str) -> None:
+    d = _scalability(name)
+    # Fit on every other row, validate on the rest: the model must generalise, not memorise.
+    train = np.arange(len(d["step_time"])) % 2 == 0
+    m = ThroughputModel.fit(d["num_nodes"][train], d["num_replicas"][train], d["local_bsz"][train],
+                            d["step_time"][train], d["sync_time"][train])
+    pred = m.step_time(d["num_nodes"][~train], d["num_replicas"][~train], d["local_bsz"][~train])
+    rel = np.abs(pred / d["step_time"][~train] - 1.0)
+    assert np.median(rel) < 0.15, np.median(rel)
+    assert 1.0 <= m.params.gamma <= 10.0
+
+
+def test_fit_recovers_known_parameters() -> None:
+    true = ThroughputModel(ThroughputParams(0.02, 0.001, 0.05, 0.004, 0.01, 0.002, 2.0))
+    rng = np.random.default_rng(0)
+    nodes = rng.integers(1, 8, 300)
+    replicas = nodes * rng.integers(1, 5, 300)
+    bsz = rng.integers(8, 256, 300).astype(float)
+    t = true.step_time(nodes, replicas, bsz) * np.exp(rng.normal(0, 0.01, 300))
+    fit = ThroughputModel.fit(nodes, replicas, bsz, t, true.sync_time(nodes, replicas))
+    grid = true.step_time(nodes, replicas, bsz)
+    assert np.max(np.abs(fit.step_time(nodes, replicas, bsz) / grid - 1)) < 0.05
+
+
+def test_fit_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="nodes <= replicas"):
+        ThroughputModel.fit(np.array([2, 1, 1]), np.array([1, 1, 1]), np.array([1.0, 2, 3]), np.array([1.0, 1, 1]))
+    with pytest.raises(ValueError, match="one length"):
+        ThroughputModel.fit(np.array([1, 1]), np.array([1, 1, 1]), np.array([1.0, 2, 3]), np.array([1.0, 1, 1]))
+
+
+def test_efficiency_matches_formula_and_validation_data() -> None:
+    # Pollux: (phi + M0) / (phi + M), phi = var / sqr * M0.
+    assert efficiency(128, 128, 2.0, 1.0) == pytest.approx(1.0)
+    assert efficiency(256, 128, 2.0, 1.0) == pytest.approx((64 + 128) / (64 + 256))
+    rows = list(csv.DictReader((DATA_DIR / "cifar10" / "validation-128.csv").read_text().splitlines()))
+    for r in rows[:20]:
+        e = efficiency(np.array([128, 512, 4096]), 128, float(r["grad_sqr"]), float(r["grad_var"]))
+        assert e[0] == pytest.approx(1.0) and e[0] > e[1] > e[2] > 0
+    with pytest.raises(ValueError):
+        efficiency(128, 0, 1.0, 1.0)
+
+
+def _random_params(rng: np.random.Generator) -> ThroughputParams:
+    return ThroughputParams(
+        alpha_c=rng.uniform(1e-3, 0.1), beta_c=rng.uniform(1e-5, 1e-2), alpha_n=rng.uniform(1e-3, 0.2),
+        beta_n=rng.uniform(0, 0.02), alpha_r=rng.uniform(1e-4, 0.05), beta_r=rng.uniform(0, 0.01),
+        gamma=rng.uniform(1, 10))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_invariants_over_random_parameters(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    p = _random_params(rng)
+    m = ThroughputModel(p)
+    sqr, var, m0 = rng.uniform(0.1, 10), rng.uniform(0.01, 100), float(rng.integers(16, 256))
+    batches = m0 * np.array([1, 2, 4, 8, 16, 32])
+    eff = efficiency(batches, m0, sqr, var)
+    assert np.all(np.diff(eff) < 0), "efficiency falls as the batch grows"
+    # Diminishing returns in progress per step: doubling the batch less than doubles it.
+    assert np.all(np.diff(np.log(batches * eff)) < np.log(2) + 1e-12)
+    # Throughput at a fixed global batch: speedup is sublinear, returns diminish.
+    prof = ProfileScaling(m, global_batch_size=int(rng.integers(64, 2048)))
+    workers = [1, 2, 4, 8, 16]
+    sp = np.array([prof.speedup(n, gpus_per_node=4) for n in workers])
+    assert sp[0] == pytest.approx(1.0)
+    assert np.all(sp <= np.array(workers) + 1e-9)
+    eff_per_gpu = sp / np.array(workers)
+    assert np.all(np.diff(eff_per_gpu) <= 1e-9), "per-GPU efficiency never rises"
+    # Step time grows with the per-GPU batch; more accumulation steps take longer.
+    t = m.step_time(2, 8, np.array([8, 16, 32, 64]))
+    assert np.all(np.diff(t) > 0)
+    assert m.step_time(1, 4, 32, accum_steps=2) > m.step_time(1, 4, 32, accum_steps=0)
+
+
+def test_scaling_models() -> None:
+    assert LinearScaling().speedup(8) == 8
+    a = AmdahlScaling(0.1)
+    assert a.speedup(1) == pytest.approx(1.0) and a.speedup(1000) < 10
+    with pytest.raises(ValueError):
+        AmdahlScaling(1.0)
+    bert = ProfileScaling(pollux_model("bert"), 384)
+    assert 1.5 < bert.speedup(2, 4) < 2.0 < bert.speedup(4, 4) < 4.0
+    with pytest.raises(ValueError, match="unknown Pollux profile"):
+        pollux_model("resnet")
+
+
+def test_read_profile_csv(tmp_path) -> None:
+    m = read_profile_csv(DATA_DIR / "imagenet" / "placements.csv")
+    assert m.step_time(1, 1, 64) > 0
+    bad = tmp_path / "p.csv"
+    bad.write_text("num_nodes,num_replicas,local_bsz\n1,1,2\n")
+    with pytest.raises(ValueError, match="line 2"):
+        read_profile_csv(bad)
+    with pytest.raises(ValueError, match="cannot read"):
+        read_profile_csv(tmp_path / "missing.csv")

@@ -1,0 +1,141 @@
+"""The spotrain policy as the controller calls it: quickstart behaviour, budget, purity, latency."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from conftest import make_spec
+
+from autoscaler.policy import Held, JobView, PolicyInput, get_policy
+from autoscaler.policy.spotrain import SpotrainPolicy
+from cloud_providers.base import ON_DEMAND, SPOT, Offering
+from cloud_providers.local.market import MarketTrace
+
+
+def quickstart_spec():  # type: ignore[no-untyped-def]
+    return make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws", "gcp"], "spot": "auto"},
+                     workers={"min": 1, "max": 2}, training={"logical_workers": 2, "global_batch_size": 64},
+                     objective={"budget_usd": 5}, simulate={"work_gpu_hours": 1.0})
+
+
+def _decide(job: JobView, offerings, now: float = 0.0):  # type: ignore[no-untyped-def]
+    return get_policy("default").decide(PolicyInput(now_s=now, jobs=[job], offerings=offerings))[0]
+
+
+def test_default_is_spotrain_and_cheapest_remains() -> None:
+    assert isinstance(get_policy("default"), SpotrainPolicy)
+    assert get_policy("cheapest").name == "cheapest"
+    with pytest.raises(ValueError, match="unknown policy"):
+        get_policy("nope")
+
+
+def test_quickstart_two_spot_workers_then_replacement_then_on_demand() -> None:
+    trace = MarketTrace.bundled()
+    offers = trace.offerings_at(0)
+    job = JobView("q", quickstart_spec(), submitted_s=0, progress=0.0)
+    a = _decide(job, offers)
+    cheapest = min((o for o in offers if o.accelerator == "T4" and (o.spot_available or 0) >= 2), key=lambda o: o.spot_price_usd_per_hour)
+    assert a.fail_state is None
+    assert [(p.offering_key, p.market, p.instances) for p in a.placements] == [(cheapest.key, SPOT, 2)]
+    # At 600 s the market takes one back: replace it with the next best spot offering with room.
+    offers = trace.offerings_at(600)
+    held = (Held(cheapest.key, SPOT, 1),)
+    b = _decide(dataclasses.replace(job, held=held, progress=0.2, restarting=True), offers, 600)
+    assert b.workers({o.key: o for o in offers}) == 2
+    assert all(p.market == SPOT for p in b.placements)
+    assert any(p.offering_key == cheapest.key for p in b.placements)
+    # No spot room anywhere: on demand.
+    no_spot = [dataclasses.replace(o, spot_available=0) for o in offers]
+    c = _decide(dataclasses.replace(job, held=(), progress=0.2), no_spot, 600)
+    assert c.placements and all(p.market == ON_DEMAND for p in c.placements)
+
+
+def test_keeps_its_allocation_without_a_reason_to_move() -> None:
+    offers = MarketTrace.bundled().offerings_at(0)
+    job = JobView("q", quickstart_spec(), submitted_s=0, progress=0.1)
+    first = _decide(job, offers)
+    held = tuple(Held(p.offering_key, p.market, p.instances) for p in first.placements)
+    # A slightly cheaper offering appears elsewhere: not worth a restart.
+    cheaper = [dataclasses.replace(o, spot_price_usd_per_hour=o.spot_price_usd_per_hour * 0.97) if o.key != first.placements[0].offering_key and o.spot_price_usd_per_hour else o for o in offers]
+    again = _decide(dataclasses.replace(job, held=held), cheaper, 60)
+    assert again.placements == first.placements
+
+
+def test_budget_fails_early_with_a_clear_reason() -> None:
+    offers = MarketTrace.bundled().offerings_at(0)
+    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 400})
+    a = _decide(JobView("b", spec, submitted_s=0, progress=0.0), offers)
+    assert a.fail_state == "FAILED_BUDGET" and "$" in a.reason and a.placements == ()
+    # Nearly spent: stop before the next decision could overrun.
+    small = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 1})
+    b = _decide(JobView("b", small, submitted_s=0, progress=0.5, cost_so_far_usd=4.99999), offers)
+    assert b.fail_state == "FAILED_BUDGET"
+
+
+def test_deadline_behind_goes_on_demand_when_no_spot() -> None:
+    offers = [dataclasses.replace(o, spot_available=0) for o in MarketTrace.bundled().offerings_at(0)]
+    spec = make_spec(objective={"deadline": "10h"}, simulate={"work_gpu_hours": 9})
+    a = _decide(JobView("d", spec, submitted_s=0, progress=0.0), offers)
+    assert a.placements and all(p.market == ON_DEMAND for p in a.placements)
+    relaxed = make_spec(objective={"deadline": "48h"}, simulate={"work_gpu_hours": 3})
+    b = _decide(JobView("d", relaxed, submitted_s=0, progress=0.0), offers)
+    assert b.placements == () and b.next_decision_s is not None  # waits for spot, knows when to re-check
+
+
+def _synthetic(n_offers: int) -> list[Offering]:
+    accs = ["T4", "V100", "A10G", "L4"]
+    out = []
+    for i in range(n_offers):
+        acc = accs[i % 4]
+        out.append(Offering("aws", f"r{i % 5}", f"r{i % 5}-z{i}", f"type-{i}", acc, 1 + (i % 2) * 3, 1.0 + i % 7,
+                            0.3 + (i % 11) / 20, spot_available=i % 6))
+    return out
+
+
+def test_joint_allocation_respects_room_quotas_and_spend() -> None:
+    offers = _synthetic(20)
+    spec = make_spec(resources={"accelerators": ["T4:1", "T4:4"], "clouds": ["aws"]}, workers={"min": 1, "max": 4},
+                     training={"logical_workers": 4, "global_batch_size": 64}, objective={})
+    jobs = [JobView(f"j{i}", spec, submitted_s=0, progress=0.0) for i in range(30)]
+    inp = PolicyInput(now_s=0, jobs=jobs, offerings=offers, region_quota_instances={"r0": 3}, max_spend_usd_per_hour=20.0)
+    allocs = SpotrainPolicy().decide(inp)
+    by_key = {o.key: o for o in offers}
+    used: dict[str, int] = {}
+    region: dict[str, int] = {}
+    spend = 0.0
+    for a in allocs:
+        for p in a.placements:
+            o = by_key[p.offering_key]
+            if p.market == SPOT:
+                used[p.offering_key] = used.get(p.offering_key, 0) + p.instances
+            region[o.region] = region.get(o.region, 0) + p.instances
+            spend += o.price_usd_per_hour(p.market) * p.instances
+    assert all(n <= (by_key[k].spot_available or 0) for k, n in used.items())
+    assert region.get("r0", 0) <= 3
+    assert spend <= 20.0 + 1e-9
+    assert any(a.placements for a in allocs) and any(not a.placements for a in allocs)
+
+
+def test_pure_and_deterministic() -> None:
+    offers = _synthetic(30)
+    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws"]}, workers={"min": 1, "max": 4},
+                     training={"logical_workers": 4, "global_batch_size": 64})
+    jobs = [JobView(f"j{i}", spec, submitted_s=0, progress=i / 40) for i in range(20)]
+    inp = PolicyInput(now_s=3600, jobs=jobs, offerings=offers)
+    assert SpotrainPolicy().decide(inp) == SpotrainPolicy().decide(inp)
+
+
+def test_thousand_jobs_decided_quickly() -> None:
+    offers = _synthetic(100)
+    specs = [make_spec(resources={"accelerators": [a], "clouds": ["aws"]}, workers={"min": 1, "max": 4},
+                       training={"logical_workers": 4, "global_batch_size": 64}, objective={"deadline": "30h"})
+             for a in ("T4:1", "V100:1", "A10G:1", "L4:4")]
+    jobs = [JobView(f"j{i}", specs[i % 4], submitted_s=0, progress=(i % 10) / 10) for i in range(1000)]
+    inp = PolicyInput(now_s=600, jobs=jobs, offerings=offers)
+    t0 = time.perf_counter()
+    allocs = SpotrainPolicy().decide(inp)
+    elapsed = time.perf_counter() - t0
+    assert len(allocs) == 1000
+    assert elapsed < 2.0, elapsed  # < 1 s on an idle core (benchmarks/policy_latency.py); slack for CI

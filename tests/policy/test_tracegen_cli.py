@@ -1,0 +1,72 @@
+"""Trace generator statistics and the simulate / estimate CLI contract."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from autoscaler.cli.estimate import command as estimate
+from autoscaler.cli.simulate import command as simulate
+from autoscaler.errors import SpecError
+from autoscaler.simulator.tracegen import SINGLE_ZONE, generate_trace, generate_trace_text
+
+KEYS = {"policy", "cost_usd", "finish_hours", "deadline_met", "preemptions", "spot_hours", "on_demand_hours"}
+
+
+def test_generator_is_seeded_and_heavy_tailed() -> None:
+    assert generate_trace_text(SINGLE_ZONE, hours=200, seed=3) == generate_trace_text(SINGLE_ZONE, hours=200, seed=3)
+    tr = generate_trace(SINGLE_ZONE, hours=24 * 60, seed=3)
+    key = tr.keys[0]
+    times = [t for t in tr.change_times()]
+    avail = [tr.offering_at(key, t).spot_available for t in times]
+    runs = np.diff(np.array(times + [tr.duration_s]))
+    up = runs[np.array(avail) > 0] / 3600
+    share = up.sum() / (runs.sum() / 3600)
+    assert 0.45 < share < 0.8  # mean up 3 h, mean down 2 h
+    assert np.max(up) > 5 * np.median(up)  # heavy tail
+    assert all(t % 300 == 0 for t in times)
+
+
+@pytest.fixture()
+def files(tmp_path):  # type: ignore[no-untyped-def]
+    (tmp_path / "trace.csv").write_text(generate_trace_text(SINGLE_ZONE, hours=24 * 5, seed=5))
+    (tmp_path / "job.yaml").write_text(
+        "name: sim\nrun: python train.py\nresources: {accelerators: [V100:1], clouds: [aws]}\n"
+        "objective: {deadline: 20h}\nsimulate: {work_gpu_hours: 12}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("policy", ["on-demand", "greedy-spot", "uniform-progress", "omniscient", "spotrain"])
+def test_simulate_json_contract(files, policy: str) -> None:  # type: ignore[no-untyped-def]
+    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(files / "job.yaml"),
+                                      "--policy", policy, "--start-hours", "3", "--restart-overhead-hours", "0.1", "--json"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output.strip().splitlines()[-1])
+    assert KEYS <= set(obj) and obj["policy"] == policy and obj["deadline_met"] is True
+
+
+def test_simulate_starts_gives_one_line_per_run(files) -> None:  # type: ignore[no-untyped-def]
+    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(files / "job.yaml"), "--starts", "4", "--seed", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.output.strip().splitlines()]
+    assert len(lines) == 4 and len({x["start_hours"] for x in lines}) > 1
+
+
+def test_bad_inputs_raise_spec_errors(files) -> None:  # type: ignore[no-untyped-def]
+    bad = files / "bad.csv"
+    bad.write_text("nope\n")
+    r = CliRunner().invoke(simulate, ["--trace", str(bad), "--job", str(files / "job.yaml")])
+    assert isinstance(r.exception, SpecError) and "line 1" in str(r.exception)
+    r = CliRunner().invoke(simulate, ["--job", str(files / "missing.yaml")])
+    assert isinstance(r.exception, SpecError)
+
+
+def test_estimate_prints_a_range(files) -> None:  # type: ignore[no-untyped-def]
+    r = CliRunner().invoke(estimate, [str(files / "job.yaml"), "--trace", str(files / "trace.csv"), "--runs", "8", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    c = out["cost_usd"]
+    assert c["p10"] <= c["median"] <= c["p90"] and out["finish_hours"]["median"] > 0
