@@ -48,6 +48,7 @@ from cloud_providers.errors import CapacityUnavailable, InvalidRequest, Provider
 from cloud_providers.executor import Executor, GangState, WorkerLaunch
 
 from . import accounting
+from .market_watch import MarketWatcher
 from .errors import ApiError, JobNotFound
 from .home import default_store, logs_dir
 from .policy import Allocation, Held, JobView, Policy, PolicyInput
@@ -115,6 +116,9 @@ class Controller:
         # job_id -> wall time the last gang stopped (for measuring the restart overhead)
         self._gang_stopped_at: dict[str, float] = {}
         self.last_tick_error: str | None = None
+        self._market = MarketWatcher()
+        # job_id -> (last checkpoint step seen, wall time it was first seen)
+        self._last_checkpoint: dict[str, tuple[int, float]] = {}
 
     # ----- lifecycle of the service -----
     def start(self) -> None:
@@ -194,6 +198,8 @@ class Controller:
             if not jobs:
                 return
             offerings = list(self.provider.offerings())
+            now_s = self.provider.now_s()
+            self._market.observe(now_s, offerings)
             by_key = {o.key: o for o in offerings}
             prices = {o.key: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for o in offerings}
             views = []
@@ -210,10 +216,11 @@ class Controller:
                 return
             all_rows = [r for j in self.store.jobs(s, controller_id=self.controller_id) for r in self.store.instances(s, j.job_id)]
             inp = PolicyInput(
-                now_s=self.provider.now_s(),
+                now_s=now_s,
                 jobs=views,
                 offerings=offerings,
-                history=accounting.market_history(all_rows),
+                history=self._market.merge(accounting.market_history(all_rows)),
+                decision_interval_s=self.tick_s * self.clock_rate,
             )
             allocations = {a.job_id: a for a in self.policy.decide(inp)}
             for view in views:
@@ -393,6 +400,13 @@ class Controller:
         progress = None
         if job.total_steps:
             progress = min(1.0, job.step / job.total_steps)
+        since_ckpt = None
+        if job.last_checkpoint_step is not None:
+            seen = self._last_checkpoint.get(job.job_id)
+            if seen is None or seen[0] != job.last_checkpoint_step:
+                seen = (job.last_checkpoint_step, time.time())
+                self._last_checkpoint[job.job_id] = seen
+            since_ckpt = (time.time() - seen[1]) * self.clock_rate
         return JobView(
             job_id=job.job_id,
             spec=self._spec(job),
@@ -402,6 +416,9 @@ class Controller:
             cost_so_far_usd=job.cost_usd,
             restart_overhead_s=job.restart_overhead_s,
             recent_capacity_failures=dict(self._capacity_failures.get(job.job_id, {})),
+            since_checkpoint_s=since_ckpt,
+            # A gang that is restarting anyway pays no extra restart for a change of allocation.
+            restarting=job.state in (JobState.RECOVERING.value, JobState.RESCALING.value) or not job.gang_attempt,
         )
 
     def _apply(self, s: Session, job: Job, alloc: Allocation, by_key: Mapping[str, Offering]) -> None:
