@@ -1,0 +1,377 @@
+"""ElasticTrainer: the training loop with logical workers, checkpoints and notices built in.
+
+A plain PyTorch loop becomes::
+
+    trainer = runtime.ElasticTrainer(model, optimizer, train_set, loss_fn=loss_fn,
+                                     config=runtime.TrainerConfig.from_env(epochs=10))
+    for step in trainer:                  # one optimizer step per iteration
+        if step.epoch_end:
+            trainer.report(metric=evaluate(model), metric_name="accuracy")
+    sys.exit(trainer.finish())            # 0 with final weights written, or 85 after a notice
+
+``loss_fn(model, batch) -> loss`` is called once per logical worker per step, on that worker's
+micro-batch, after seeding every generator from (seed, step, logical rank). The iterator resumes
+from the newest valid checkpoint, checkpoints every ``interval_s`` (snapshot at the boundary,
+persisted in the background) and, on a stop notice seen by any rank, checkpoints at the same
+boundary on every rank and ends; :meth:`finish` then returns ``EXIT_RESCHEDULE``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+
+from . import protocol
+from .checkpoint import CheckpointManager
+from .config import TrainerConfig
+from .data import DataOrder, DataPosition, fetch, logical_workers_of
+from .dist import DistContext
+from .lr_scaling import lr_factor
+from .notices import NoticeWatcher
+from .progress import ProgressWriter
+from .reducer import GradientReducer, ReduceResult
+from .seeding import capture_rng_state, restore_rng_state, seed_logical_worker
+from .stats import GradientNoiseStats, estimate
+from .store import make_store
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int  # optimizer steps done, this one included
+    total_steps: int
+    epoch: int  # epoch this step belonged to
+    epoch_end: bool
+    loss: float
+    step_time_s: float
+
+
+@dataclass
+class BatchState:
+    """Batch-size state that a Pollux-style policy may change between restarts; checkpointed."""
+
+    global_batch_size: int
+    init_batch_size: int
+    accum_steps: int = 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"global_batch_size": self.global_batch_size, "init_batch_size": self.init_batch_size,
+                "accum_steps": self.accum_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.global_batch_size = int(state["global_batch_size"])
+        self.init_batch_size = int(state["init_batch_size"])
+        self.accum_steps = int(state["accum_steps"])
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def configure_determinism(config: TrainerConfig) -> None:
+    """Pin threads and, in bitwise mode, deterministic kernels (must precede the first CUDA use)."""
+    torch.set_num_threads(config.num_threads)
+    if config.training.determinism == "bitwise":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+class ElasticTrainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: torch.utils.data.Dataset[Any],
+        *,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        config: TrainerConfig,
+        lr_scheduler: Any = None,
+        grad_scaler: Any = None,
+        dist_context: DistContext | None = None,
+    ) -> None:
+        configure_determinism(config)
+        self.config = config
+        self.training = config.training
+        self.ctx = dist_context or DistContext.from_env(config.backend)
+        self.model = model.to(self.ctx.device)
+        self.optimizer = optimizer
+        self.dataset = dataset
+        self.loss_fn = loss_fn
+        self.lr_scheduler = lr_scheduler
+        self.grad_scaler = grad_scaler
+        self.is_rank0 = self.ctx.rank == 0
+        self.logical_ids = logical_workers_of(self.ctx.rank, self.ctx.world_size, self.training.logical_workers)
+        self.order = DataOrder(num_samples=len(dataset), seed=self.training.seed)  # type: ignore[arg-type]
+        self.position = DataPosition()
+        self.batch = BatchState(global_batch_size=self.training.global_batch_size,
+                                init_batch_size=self.training.global_batch_size)
+        if self.order.steps_in_epoch(self.batch.global_batch_size) < 1:
+            raise ValueError(f"training.global_batch_size ({self.batch.global_batch_size}) exceeds the dataset "
+                             f"({self.order.num_samples} samples)")
+        self.noise = GradientNoiseStats()
+        self.metric: float | None = None
+        self.metric_name: str | None = None
+        self._extra: dict[str, Stateful] = {}
+        self.checkpoints = CheckpointManager(make_store(config.checkpoint.uri), keep=config.checkpoint.keep,
+                                             writer=self.is_rank0)
+        self.progress = ProgressWriter(config.progress_file if self.is_rank0 else None,
+                                       interval_s=config.progress_interval_s)
+        self.watcher = NoticeWatcher(config.notices).start()
+        self.stopped = False
+        self.stall_s_total = 0.0
+        self._started = False
+        self._last_ckpt_time = time.monotonic()
+        self._step_time_ema: float | None = None
+        self._pending: ReduceResult | None = None
+        self.resumed_from: int | None = None
+        self.reducer = GradientReducer(self.model, self.ctx, logical_ids=self.logical_ids,
+                                       logical_workers=self.training.logical_workers,
+                                       mode=self.training.determinism)
+
+    # ------------------------------------------------------------------ state
+    def register_state(self, name: str, obj: Stateful) -> None:
+        """Checkpoint ``obj`` (anything with state_dict/load_state_dict) with the trainer."""
+        if self._started:
+            raise ValueError("register_state must be called before training starts")
+        self._extra[name] = obj
+
+    def state_dict(self) -> dict[str, Any]:
+        rng_tensors, _ = capture_rng_state()
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            "extra": {k: v.state_dict() for k, v in self._extra.items()},
+            "noise": self.noise.state_dict(),
+            "batch": self.batch.state_dict(),
+            "position": self.position.state_dict(),
+            "trainer": {"metric": self.metric, "metric_name": self.metric_name},
+            "rng": rng_tensors,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], rng_meta: dict[str, Any] | None = None) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if self.grad_scaler is not None and state.get("grad_scaler") is not None:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
+        for name, obj in self._extra.items():
+            if name in state.get("extra", {}):
+                obj.load_state_dict(state["extra"][name])
+        self.noise.load_state_dict(state["noise"])
+        self.position.load_state_dict(state["position"])
+        saved_batch = BatchState(global_batch_size=0, init_batch_size=0)
+        saved_batch.load_state_dict(state["batch"])
+        if self.training.batch_policy == "adaptive":
+            self.batch = saved_batch
+        elif saved_batch.global_batch_size != self.batch.global_batch_size:
+            self._say(f"warning: checkpoint used global batch {saved_batch.global_batch_size}, "
+                      f"continuing with the configured {self.batch.global_batch_size}")
+        self.metric = state["trainer"].get("metric")
+        self.metric_name = state["trainer"].get("metric_name")
+        if rng_meta is not None:
+            restore_rng_state(state["rng"], rng_meta)
+
+    def _resume(self) -> None:
+        chosen = torch.tensor([-1], dtype=torch.int64)
+        loaded = None
+        if self.is_rank0:
+            loaded = self.checkpoints.load_latest()
+            if loaded is not None:
+                chosen[0] = loaded.step
+        if self.ctx.distributed:
+            chosen = self.ctx.broadcast_(chosen.to(self.ctx.device)).cpu()
+        step = int(chosen[0])
+        if step >= 0:
+            if loaded is None:
+                loaded = self.checkpoints.load(step)
+            self.load_state_dict(loaded.state, loaded.manifest.get("rng"))
+            self.resumed_from = step
+            self.checkpoints.last_durable_step = step
+            self._say(f"resumed from checkpoint {step} (epoch {self.position.epoch}) "
+                      f"with {self.ctx.world_size} worker(s)")
+        elif self.ctx.distributed:
+            with torch.no_grad():
+                for t in list(self.model.parameters()) + list(self.model.buffers()):
+                    self.ctx.broadcast_(t.data)
+
+    # ------------------------------------------------------------------ loop
+    @property
+    def total_steps(self) -> int:
+        per_epoch = self.order.steps_in_epoch(self.batch.global_batch_size)
+        by_epochs = self.config.epochs * per_epoch if self.config.epochs is not None else None
+        if self.config.max_steps is not None:
+            return self.config.max_steps if by_epochs is None else min(by_epochs, self.config.max_steps)
+        assert by_epochs is not None
+        return by_epochs
+
+    @property
+    def done(self) -> bool:
+        if self.config.max_steps is not None and self.position.step >= self.config.max_steps:
+            return True
+        return self.config.epochs is not None and self.position.epoch >= self.config.epochs
+
+    def __iter__(self) -> Iterator[StepResult]:
+        if not self._started:
+            self._started = True
+            self._resume()
+        while True:
+            if self.done:
+                return
+            if self._pending is not None and (self._pending.stop or self._pending.checkpoint):
+                stop = self._pending.stop
+                self._pending = None
+                self.checkpoint(wait=stop)
+                if stop:
+                    self.stopped = True
+                    self._say(f"stop notice: checkpoint {self.position.step} is durable; exiting "
+                              f"{protocol.EXIT_RESCHEDULE}")
+                    return
+            yield self._train_step()
+
+    def _train_step(self) -> StepResult:
+        t0 = time.perf_counter()
+        B, K = self.batch.global_batch_size, self.training.logical_workers
+        step, epoch = self.position.step, self.position.epoch
+        self.model.train()
+        self.reducer.begin_step()
+        for j, k in enumerate(self.logical_ids):
+            seed_logical_worker(self.training.seed, step, k)
+            idx = self.order.logical_indices(self.position, global_batch_size=B, logical_workers=K, logical_rank=k)
+            batch = _to_device(fetch(self.dataset, idx), self.ctx.device)
+            self.reducer.begin_logical(j)
+            loss = self.loss_fn(self.model, batch)
+            scaled = self.reducer.backward_loss(loss)
+            (self.grad_scaler.scale(scaled) if self.grad_scaler is not None else scaled).backward()
+            self.reducer.end_logical(j, loss)
+        stop_notice, ckpt_notice = self.watcher.poll()
+        periodic = self.is_rank0 and time.monotonic() - self._last_ckpt_time >= self.config.checkpoint.interval_s
+        result = self.reducer.reduce(stop=stop_notice is not None, checkpoint=periodic or ckpt_notice is not None)
+        self._apply_update(result)
+        epoch_end = self.order.advance(self.position, B)
+        self._pending = result
+        dt = time.perf_counter() - t0
+        self._step_time_ema = dt if self._step_time_ema is None else 0.9 * self._step_time_ema + 0.1 * dt
+        self.progress.update(
+            step=self.position.step, total_steps=self.total_steps, epoch=self.position.epoch, loss=result.loss,
+            step_time_s=self._step_time_ema, samples_per_s=B / self._step_time_ema,
+            world_size=self.ctx.world_size, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
+            last_checkpoint_step=self.checkpoints.last_durable_step, stall_s=self.stall_s_total,
+        )
+        return StepResult(step=self.position.step, total_steps=self.total_steps, epoch=epoch,
+                          epoch_end=epoch_end, loss=result.loss, step_time_s=dt)
+
+    def _apply_update(self, result: ReduceResult) -> None:
+        B = self.batch.global_batch_size
+        scale2 = float(self.grad_scaler.get_scale()) ** 2 if self.grad_scaler is not None else 1.0
+        est = estimate(local_sqr=result.local_sqr / scale2, total_sqr=result.total_sqr / scale2,
+                       logical_workers=self.training.logical_workers, global_batch_size=B,
+                       init_batch_size=self.batch.init_batch_size)
+        if est is not None:
+            self.noise.update(*est, batch_scale=B / self.batch.init_batch_size)
+        if self.config.max_grad_norm is not None:
+            if self.grad_scaler is not None:
+                self.grad_scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.reducer.params, self.config.max_grad_norm)
+        factor = lr_factor(self.training.lr_scaling, batch_size=B, init_batch_size=self.batch.init_batch_size,
+                           grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var)
+        saved = [g["lr"] for g in self.optimizer.param_groups]
+        if factor != 1.0:
+            for g in self.optimizer.param_groups:
+                g["lr"] = g["lr"] * factor
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        if factor != 1.0:
+            for g, lr in zip(self.optimizer.param_groups, saved):
+                g["lr"] = lr
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    # ------------------------------------------------------------------ checkpoints and reporting
+    def checkpoint(self, *, wait: bool = False) -> None:
+        """Checkpoint at this boundary on rank 0 (the state is identical on every rank)."""
+        self._last_ckpt_time = time.monotonic()
+        if not self.is_rank0:
+            if wait:
+                self.ctx.barrier()
+            return
+        _, rng_meta = capture_rng_state()
+        manifest = {
+            "epoch": self.position.epoch,
+            "job_id": self.config.job_id,
+            "attempt": self.config.attempt,
+            "world_size": self.ctx.world_size,
+            "logical_workers": self.training.logical_workers,
+            "layout": {str(r): list(logical_workers_of(r, self.ctx.world_size, self.training.logical_workers))
+                       for r in range(self.ctx.world_size)},
+            "data_position": self.position.state_dict(),
+            "batch": self.batch.state_dict(),
+            "determinism": self.training.determinism,
+            "rng": rng_meta,
+        }
+        snap = self.checkpoints.snapshot(self.position.step, self.state_dict(), manifest)
+        self.stall_s_total += snap.stall_s
+        self.checkpoints.persist_async(snap)
+        if wait:
+            self.checkpoints.wait()
+            self.progress.update(force=True, last_checkpoint_step=self.checkpoints.last_durable_step,
+                                 stall_s=self.stall_s_total)
+            self.ctx.barrier()
+
+    def report(self, *, metric: float, metric_name: str) -> None:
+        """Record the user's evaluation metric (checkpointed, and written to the progress file)."""
+        self.metric, self.metric_name = float(metric), metric_name
+        self.progress.update(force=True, metric=self.metric, metric_name=metric_name)
+
+    def finish(self) -> int:
+        """Wrap up: the worker-protocol exit code (0 with final weights written, 85 after a notice)."""
+        try:
+            if self.stopped:
+                return protocol.EXIT_RESCHEDULE
+            if not self.done:
+                raise ValueError("finish() called before training ended (iterate the trainer to the end first)")
+            if self.is_rank0:
+                self.checkpoints.wait()
+                url = self.checkpoints.write_final(self.model.state_dict(),
+                                                   {"job_id": self.config.job_id, "step": str(self.position.step)})
+                self.progress.update(force=True, final_model=url, step=self.position.step)
+                self._say(f"finished at step {self.position.step}; final weights: {url}")
+            self.ctx.barrier()
+            return protocol.EXIT_DONE
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.watcher.close()
+        if self.is_rank0:
+            self.checkpoints.wait()
+        self.ctx.close()
+
+    def _say(self, message: str) -> None:
+        if self.is_rank0:
+            print(f"[spotrain] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""Loopback fakes of cloud endpoints, shared by the test suites."""

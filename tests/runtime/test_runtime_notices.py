@@ -1,0 +1,148 @@
+"""Notices: the notice file, SIGTERM, AWS IMDSv2 and GCE metadata (loopback fake), in real gangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import rt_launch
+from fakes.imds import FakeMetadataServer
+from runtime import protocol
+from runtime.config import NoticeConfig
+from runtime.notices import AwsImds, GceMetadata, NoticeWatcher, read_notice_file
+
+
+def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
+    f = tmp_path / "notice"
+    assert read_notice_file(str(f)) is None
+    f.write_text(json.dumps({"reason": "rescale", "deadline_unix_s": 12.5}))
+    n = read_notice_file(str(f))
+    assert n is not None and n.reason == "rescale" and n.deadline_unix_s == 12.5 and n.stop
+    f.write_text("{half")
+    n = read_notice_file(str(f))
+    assert n is not None and n.reason == protocol.NOTICE_PREEMPTION
+
+
+def test_imds_and_gce_pollers_against_the_fake() -> None:
+    with FakeMetadataServer() as fake:
+        aws, gce = AwsImds(fake.endpoint), GceMetadata(fake.endpoint)
+        assert aws.check() == [] and gce.check() == []
+        fake.recommend_rebalance()
+        (rebalance,) = aws.check()
+        assert rebalance.reason == "rebalance" and not rebalance.stop
+        fake.notice_spot_interruption(in_s=120)
+        notices = aws.check()
+        assert notices[0].reason == "preemption" and notices[0].stop
+        assert abs(notices[0].deadline_unix_s - (time.time() + 120)) < 5
+        fake.preempt_gce()
+        (pre,) = gce.check()
+        assert pre.source == "gce-metadata" and pre.stop
+        assert ("PUT", "/latest/api/token") in fake.requests  # IMDSv2 session token first
+
+
+def test_watcher_contacts_no_metadata_server_unless_named(tmp_path: Path) -> None:
+    with FakeMetadataServer() as fake:
+        fake.notice_spot_interruption()
+        watcher = NoticeWatcher(NoticeConfig(aws_imds_endpoint=fake.endpoint, poll_interval_s=0.01,
+                                             handle_sigterm=False)).start()
+        time.sleep(0.1)
+        assert watcher.poll() == (None, None)
+        watcher.close()
+        assert fake.requests == []
+        watcher = NoticeWatcher(NoticeConfig(sources=("aws-imds",), aws_imds_endpoint=fake.endpoint,
+                                             poll_interval_s=0.01, handle_sigterm=False)).start()
+        deadline = time.time() + 5
+        while watcher.poll()[0] is None and time.time() < deadline:
+            time.sleep(0.01)
+        watcher.close()
+        stop, _ = watcher.poll()
+        assert stop is not None and stop.source == "aws-imds"
+
+
+def _base_env(tmp: Path, name: str) -> dict[str, str]:
+    return {
+        protocol.ENV_CHECKPOINT_URI: f"file://{tmp / name}",
+        protocol.ENV_CHECKPOINT_INTERVAL_S: "3600",
+        protocol.ENV_PROGRESS_FILE: str(tmp / f"{name}-progress.json"),
+        "RT_MAX_STEPS": "80", "RT_STEP_SLEEP_S": "0.05", "RT_OUT": str(tmp),
+    }
+
+
+def _wait_for_step(progress: Path, step: int, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if json.loads(progress.read_text())["step"] >= step:
+                return
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"training never reached step {step}")
+
+
+def _assert_stopped_together(res: rt_launch.GangResult, ckpt_root: Path) -> int:
+    assert res.codes == [protocol.EXIT_RESCHEDULE] * len(res.codes), res.outputs
+    (step,) = {s["step"] for s in res.summaries}
+    assert 0 < step < 80
+    assert (ckpt_root / "checkpoints" / str(step) / "manifest.json").exists()
+    return step
+
+
+@pytest.mark.e2e
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_boundary(tmp_path: Path) -> None:
+    env = _base_env(tmp_path, "sigterm")
+    procs = rt_launch.start(2, env)
+    _wait_for_step(tmp_path / "sigterm-progress.json", 3)
+    t0 = time.time()
+    procs[1].send_signal(signal.SIGTERM)
+    res = rt_launch.wait(procs, tmp_path)
+    assert time.time() - t0 < 5  # durable well inside a notice window
+    _assert_stopped_together(res, tmp_path / "sigterm")
+    progress = json.loads((tmp_path / "sigterm-progress.json").read_text())
+    assert progress["last_checkpoint_step"] == res.summaries[0]["step"]
+
+
+@pytest.mark.e2e
+def test_aws_spot_interruption_via_imds_stops_the_gang(tmp_path: Path) -> None:
+    with FakeMetadataServer() as fake:
+        env = {**_base_env(tmp_path, "imds"), "SPOTRAIN_NOTICE_SOURCES": "aws-imds",
+               "SPOTRAIN_AWS_IMDS_ENDPOINT": fake.endpoint, "SPOTRAIN_NOTICE_POLL_S": "0.05"}
+        procs = rt_launch.start(2, env)
+        _wait_for_step(tmp_path / "imds-progress.json", 2)
+        fake.notice_spot_interruption(in_s=2)
+        res = rt_launch.wait(procs, tmp_path)
+    _assert_stopped_together(res, tmp_path / "imds")
+
+
+@pytest.mark.e2e
+def test_gce_preemption_and_aws_rebalance(tmp_path: Path) -> None:
+    with FakeMetadataServer() as fake:
+        env = {**_base_env(tmp_path, "gce"), "SPOTRAIN_NOTICE_SOURCES": "gce-metadata,aws-imds",
+               "SPOTRAIN_GCE_METADATA_ENDPOINT": fake.endpoint, "SPOTRAIN_AWS_IMDS_ENDPOINT": fake.endpoint,
+               "SPOTRAIN_NOTICE_POLL_S": "0.05"}
+        procs = rt_launch.start(1, env)
+        _wait_for_step(tmp_path / "gce-progress.json", 2)
+        fake.recommend_rebalance()  # checkpoint now, keep training
+        deadline = time.time() + 30
+        while not list((tmp_path / "gce").glob("checkpoints/*/manifest.json")) and time.time() < deadline:
+            time.sleep(0.02)
+        assert procs[0].poll() is None
+        early = sorted(int(p.parent.name) for p in (tmp_path / "gce").glob("checkpoints/*/manifest.json"))
+        fake.preempt_gce()
+        res = rt_launch.wait(procs, tmp_path)
+    step = _assert_stopped_together(res, tmp_path / "gce")
+    assert early and early[0] < step
+
+
+@pytest.mark.e2e
+def test_notice_file_rescale_directive(tmp_path: Path) -> None:
+    env = {**_base_env(tmp_path, "nf"), "RT_STEP_SLEEP_S": "0", "RT_MAX_STEPS": "30"}
+    res = rt_launch.run(2, env, tmp_path, per_rank=lambda r: {
+        protocol.ENV_NOTICE_FILE: str(tmp_path / f"notice-{r}"), "RT_NOTICE_AT_STEP": "4" if r == 0 else "-1",
+        "RT_NOTICE_REASON": "rescale"})
+    assert _assert_stopped_together(res, tmp_path / "nf") == 5
