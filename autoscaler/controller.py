@@ -273,9 +273,10 @@ class Controller:
         codes: dict[int, int] = {}
         for st in statuses.values():
             codes.update(st.exit_codes)
-        infra = any(r.state in (InstanceState.NOTICE.value, InstanceState.TERMINATED.value) for r in gang) or any(
-            st.state is GangState.LOST for st in statuses.values()
-        )
+        # ABSENT: the gang was recorded (write-ahead, ``_start_gang``) but the controller died before it
+        # started this member; like a lost member, the whole gang must restart under a new attempt.
+        lost = any(st.state in (GangState.LOST, GangState.ABSENT) for st in statuses.values())
+        infra = any(r.state in (InstanceState.NOTICE.value, InstanceState.TERMINATED.value) for r in gang) or lost
         all_exited = all(st.state is GangState.EXITED for st in statuses.values())
         bad = {rk: c for rk, c in codes.items() if c not in (protocol.EXIT_DONE, protocol.EXIT_RESCHEDULE)}
         if all_exited and codes and all(c == protocol.EXIT_DONE for c in codes.values()):
@@ -288,7 +289,7 @@ class Controller:
             rank, code = sorted(bad.items())[0]
             self._gang_failed_user(s, job, gang, rank, code)
             return
-        if infra and (all_exited or bad or any(st.state is GangState.LOST for st in statuses.values())):
+        if infra and (all_exited or bad or lost):
             for r in gang:
                 self.executor.stop(r.instance_id)
             self._gang_ended(s, job, gang, "an instance of the gang was lost; resuming from the last checkpoint")
@@ -528,6 +529,14 @@ class Controller:
         job.gang_started_at = time.time()
         job.gang_stopping = ""
         world = sum(r.gpus for r in members)
+        for r in members:
+            r.attempt = job.attempt
+        # Write-ahead, as for launches: the attempt and its rendezvous port are durable before any worker
+        # starts. Otherwise a crash between two members' starts leaves agents of an attempt number the
+        # database never recorded; the next controller reuses that number, the executor keeps the agents
+        # already started (start is idempotent per attempt) and starts the rest with a new port, so the
+        # ranks rendezvous on different ports and the gang hangs.
+        s.commit()
         env = {
             protocol.ENV_JOB_ID: job.job_id,
             protocol.ENV_ATTEMPT: str(job.attempt),

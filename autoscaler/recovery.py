@@ -83,7 +83,12 @@ def recover(ctl: "Controller") -> dict[str, int]:
                     row.state = InstanceState.TERMINATED.value
                     row.terminated_at_s = (inst.terminated_at_s if inst else None) or provider.now_s()
                     if inst is not None and inst.interruption and not row.interruption:
+                        # Preempted while no controller watched (notice and termination both missed):
+                        # count it here, as a live controller does, since no later poll will.
                         row.interruption = inst.interruption
+                        job.preemptions += 1
+                        Store.note(s, job, "instance-terminated",
+                                   f"{row.instance_id} terminated ({row.interruption}) while the controller was down")
                 elif JobState(job.state).terminal:
                     ctl.executor.stop(row.instance_id)
                     provider.terminate(row.instance_id)
