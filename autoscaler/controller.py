@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import random
-import socket
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cloud_providers import protocol
@@ -57,7 +57,8 @@ from .state import Decision, InstanceRow, Job, JobState, Store
 
 log = logging.getLogger("spotrain.controller")
 
-ACTIVE_GANG_STATES = (JobState.RUNNING, JobState.RESCALING)
+# Gangs lost in a row on healthy instances before any progress, after which the job fails.
+MAX_STALLED_RESTARTS = 5
 
 # Fault injection for crash-recovery tests (docs/aws.md): the probability, 0..1, that the controller
 # dies as if SIGKILLed right after the cloud accepted a launch and before the result is recorded. That
@@ -81,12 +82,6 @@ def _maybe_crash_after_launch() -> None:
         os._exit(FAULT_EXIT_CODE)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Controller:
     def __init__(
         self,
@@ -98,7 +93,6 @@ class Controller:
         controller_id: str,
         tick_s: float = 1.0,
         clock_rate: float = 1.0,
-        master_addr: str = "127.0.0.1",
     ) -> None:
         """``clock_rate``: provider-clock seconds per wall second (the local cloud's time scale)."""
         self.store = store
@@ -108,7 +102,6 @@ class Controller:
         self.controller_id = controller_id
         self.tick_s = tick_s
         self.clock_rate = clock_rate
-        self.master_addr = master_addr
         self._lock = threading.RLock()
         self._scheduler: Any = None
         # job_id -> {"<offering_key>|<market>": provider-clock time of the last capacity refusal}
@@ -197,6 +190,7 @@ class Controller:
             jobs = self.store.jobs(s, controller_id=self.controller_id, live_only=True)
             if not jobs:
                 return
+            self._settle_pending_decisions(s, jobs)
             offerings = list(self.provider.offerings())
             now_s = self.provider.now_s()
             self._market.observe(now_s, offerings)
@@ -228,6 +222,17 @@ class Controller:
                 alloc = allocations.get(view.job_id)
                 if job is not None and alloc is not None:
                     self._apply(s, job, alloc, by_key)
+
+    def _settle_pending_decisions(self, s: Session, jobs: list[Job]) -> None:
+        """A launch that raised after its retries (throttling, a network error) leaves its decision
+        pending, and it may still have launched: adopt by decision tag, or mark it failed."""
+        ids = [j.job_id for j in jobs]
+        if s.scalars(select(Decision.decision_id).where(Decision.status == "pending", Decision.job_id.in_(ids))).first() is None:
+            return
+        from .recovery import resolve_pending_decisions
+
+        cloud = self.provider.list_instances({TAG_CONTROLLER: self.controller_id})
+        resolve_pending_decisions(self, s, {j.job_id: j for j in jobs}, cloud, why="after a failed launch call")
 
     def _on_instance_change(
         self, s: Session, row: InstanceRow, state: InstanceState, interruption: str | None, terminated_at_s: float | None
@@ -292,6 +297,18 @@ class Controller:
         if infra and (all_exited or bad or lost):
             for r in gang:
                 self.executor.stop(r.instance_id)
+            healthy = not any(r.state in (InstanceState.NOTICE.value, InstanceState.TERMINATED.value) for r in gang)
+            if healthy and job.step <= job.gang_start_step:
+                # Workers vanished on machines the cloud did not take back, before any progress: an
+                # agent that cannot start them must not be restarted forever.
+                job.stalled_restarts += 1
+                if job.stalled_restarts >= MAX_STALLED_RESTARTS:
+                    job.gang_attempt = 0
+                    self._release_all(s, job, "workers keep getting lost")
+                    Store.transition(s, job, JobState.FAILED, (
+                        f"workers were lost {job.stalled_restarts} times in a row before making any progress "
+                        f"(see spotrain logs {job.job_id})"))
+                    return
             self._gang_ended(s, job, gang, "an instance of the gang was lost; resuming from the last checkpoint")
             return
         if any(c == protocol.EXIT_RESCHEDULE for c in codes.values()) and not job.gang_stopping:
@@ -313,6 +330,8 @@ class Controller:
                 # Training moved again after a restart: that gap is the job's measured restart overhead.
                 job.restart_overhead_s = (time.time() - self._gang_stopped_at.pop(job.job_id)) * self.clock_rate
             job.step = int(step)
+            if job.step > job.gang_start_step:
+                job.stalled_restarts = 0
         if num("total_steps") is not None:
             job.total_steps = int(num("total_steps") or 0)
         if num("metric") is not None:
@@ -525,8 +544,9 @@ class Controller:
         spec = self._spec(job)
         job.attempt += 1
         job.gang_attempt = job.attempt
-        job.gang_port = free_port()
+        master_addr, job.gang_port = self.executor.rendezvous(members[0].instance_id)
         job.gang_started_at = time.time()
+        job.gang_start_step = job.step
         job.gang_stopping = ""
         world = sum(r.gpus for r in members)
         for r in members:
@@ -553,7 +573,7 @@ class Controller:
                 WorkerLaunch(
                     instance_id=r.instance_id, job_id=job.job_id, attempt=job.attempt, run=spec.run, setup=spec.setup,
                     cwd=job.workdir, ranks=list(range(rank, rank + r.gpus)), world_size=world,
-                    master_addr=self.master_addr, master_port=job.gang_port, env=env, log_dir=str(logs_dir(job.job_id)),
+                    master_addr=master_addr, master_port=job.gang_port, env=env, log_dir=str(logs_dir(job.job_id)),
                 )
             )
             rank += r.gpus

@@ -15,18 +15,49 @@ the answer. On start it
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, InstanceState
+from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, Instance, InstanceState
 
-from .state import Decision, InstanceRow, JobState, Store
+from .state import Decision, InstanceRow, Job, JobState, Store
 
 if TYPE_CHECKING:
     from .controller import Controller
 
 log = logging.getLogger("spotrain.recovery")
+
+
+def resolve_pending_decisions(
+    ctl: "Controller", s: Session, jobs: Mapping[str, Job], cloud_instances: Iterable[Instance], *, why: str
+) -> dict[str, int]:
+    """Settle launch decisions of this controller's jobs that are still pending: adopt the instance that
+    carries the decision's tag, or mark the decision failed when the cloud has none. Used at start-up
+    and on every tick (a launch call that failed after its retries may still have launched)."""
+    counts = {"adopted": 0, "failed": 0}
+    pending = list(s.scalars(select(Decision).where(Decision.status == "pending", Decision.job_id.in_(list(jobs)))))
+    if not pending:
+        return counts
+    by_decision = {i.tags.get(TAG_DECISION): i for i in cloud_instances}
+    for d in pending:
+        job = jobs[d.job_id]
+        inst = by_decision.get(d.decision_id)
+        if inst is not None:
+            ctl.record_instance(
+                s, job, inst.instance_id, d.offering_key, d.market, d.decision_id, inst.launched_at_s,
+                _gpus(d.offering_key), inst.state.value,
+            )
+            d.status, d.instance_id = "launched", inst.instance_id
+            Store.note(s, job, "adopted", f"{inst.instance_id} from an unrecorded launch (decision {d.decision_id})")
+            counts["adopted"] += 1
+        else:
+            d.status, d.reason = "failed", f"no instance found for this decision {why}"
+            counts["failed"] += 1
+    s.flush()
+    return counts
 
 
 def recover(ctl: "Controller") -> dict[str, int]:
@@ -38,21 +69,9 @@ def recover(ctl: "Controller") -> dict[str, int]:
         jobs = {j.job_id: j for j in ctl.store.jobs(s, controller_id=ctl.controller_id)}
 
         # 1. Pending write-ahead decisions.
-        for d in s.scalars(select(Decision).where(Decision.status == "pending")):
-            job = jobs.get(d.job_id)
-            found = [i for i in cloud_instances.values() if i.tags.get(TAG_DECISION) == d.decision_id]
-            if found and job is not None:
-                inst = found[0]
-                ctl.record_instance(
-                    s, job, inst.instance_id, d.offering_key, d.market, d.decision_id, inst.launched_at_s,
-                    _gpus(d.offering_key), inst.state.value,
-                )
-                d.status, d.instance_id = "launched", inst.instance_id
-                Store.note(s, job, "adopted", f"{inst.instance_id} from an unrecorded launch (decision {d.decision_id})")
-                counts["adopted"] += 1
-            else:
-                d.status, d.reason = "failed", "no instance found for this decision after a restart"
-                counts["decisions_failed"] += 1
+        resolved = resolve_pending_decisions(ctl, s, jobs, cloud_instances.values(), why="after a restart")
+        counts["adopted"] += resolved["adopted"]
+        counts["decisions_failed"] += resolved["failed"]
         s.flush()
 
         # 2. Instances in the cloud: adopt what belongs to live jobs, terminate orphans.

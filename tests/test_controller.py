@@ -151,3 +151,46 @@ def test_recovery_adopts_unrecorded_launch_and_terminates_orphans(spotrain_home:
     assert again.instance_id == inst.instance_id
     assert len(ctl2.provider.list_instances({TAG_DECISION: "d-crash"})) == 1
     ctl2.cancel(job["job_id"])
+
+
+@pytest.mark.e2e
+def test_workers_that_never_start_do_not_restart_forever(spotrain_home: Path, tmp_path: Path) -> None:
+    """An agent that dies before its workers make progress, on a machine the cloud did not take back,
+    is retried a few times, then the job fails with a reason instead of looping."""
+    ctl = make_controller("t-stalled")
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        ctl.tick()
+        info = ctl.job_info(job["job_id"])
+        if info["state"] in TERMINAL:
+            break
+        with ctl.store.session() as s:
+            for r in ctl.store.instances(s, job["job_id"], alive_only=True):
+                ctl.executor.stop(r.instance_id)  # the machine stays; its workers vanish
+        time.sleep(0.05)
+    assert info["state"] == "FAILED", info
+    assert "lost 5 times in a row" in info["reason"]
+    assert info["preemptions"] == 0 and info["restarts_on_errors"] == 0
+
+
+def test_failed_launch_call_is_settled_by_decision_tag(spotrain_home: Path, tmp_path: Path) -> None:
+    """A launch call that raised after the cloud acted leaves a pending decision; the next tick adopts
+    the instance carrying that decision's tag instead of launching again."""
+    ctl = make_controller("t-pending")
+    spec, workdir = load_spec(write_pw_spec(tmp_path, workers="{min: 1, max: 1}"))
+    job = ctl.submit(spec, workdir)
+    offering = next(o for o in ctl.provider.offerings() if o.accelerator == "T4" and o.cloud == "aws")
+    with ctl.store.session() as s:
+        s.add(Decision(decision_id="d-inflight", job_id=job["job_id"], offering_key=offering.key, market="on-demand"))
+    tags = {TAG_JOB: job["job_id"], TAG_CONTROLLER: "t-pending", TAG_MARKET: "on-demand", TAG_DECISION: "d-inflight"}
+    inst = ctl.provider.launch(LaunchRequest(offering=offering, market="on-demand", decision_id="d-inflight", tags=tags))
+    ctl.tick()
+    with ctl.store.session() as s:
+        d = s.get(Decision, "d-inflight")
+        assert d is not None and d.status == "launched" and d.instance_id == inst.instance_id
+        rows = ctl.store.instances(s, job["job_id"])
+    assert inst.instance_id in [r.instance_id for r in rows]
+    assert len(ctl.provider.list_instances({TAG_DECISION: "d-inflight"})) == 1  # not launched twice
+    ctl.cancel(job["job_id"])

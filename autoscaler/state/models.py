@@ -63,6 +63,9 @@ class Job(Base):
     # Set once a stop directive was sent to the running gang (rescale/cancel), with its reason.
     gang_stopping: Mapped[str] = mapped_column(String(32), default="")
     restarts_on_errors: Mapped[int] = mapped_column(Integer, default=0)
+    # Step when the current gang started, and how many gangs in a row were lost before any progress.
+    gang_start_step: Mapped[int] = mapped_column(Integer, default=0)
+    stalled_restarts: Mapped[int] = mapped_column(Integer, default=0)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     on_demand_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)

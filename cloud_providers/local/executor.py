@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -179,6 +180,12 @@ class LocalExecutor:
                 if done:
                     break
                 time.sleep(0.01)
+
+    def rendezvous(self, instance_id: str) -> tuple[str, int]:
+        # Every local instance is this machine: rank 0 listens on loopback.
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return "127.0.0.1", int(sock.getsockname()[1])
 
     def progress(self, job_id: str) -> dict[str, Any] | None:
         try:
