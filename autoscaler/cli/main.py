@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> Any:
     except click.ClickException as exc:
         click.echo(f"spotrain: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        click.echo(f"spotrain: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("spotrain: interrupted", err=True)
         sys.exit(130)

@@ -42,6 +42,7 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
         store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
         controller_id=cloud_id, tick_s=0.25, clock_rate=setup.clock_rate,
     )
+    ctl.start()
     job = ctl.submit(spec, workdir, scenario={"file": scenario_path} if scenario_path else None)
     job_id = job["job_id"]
     out = sys.stderr if as_json else sys.stdout
@@ -52,7 +53,6 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
 
     t0 = time.time()
     say(f"spotrain: running {job_id} on the local cloud (market x{setup.clock_rate:g} time; logs: spotrain logs {job_id})")
-    ctl.start()
     seen_events = 0
     last_line = ""
     last_print = 0.0

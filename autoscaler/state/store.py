@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,7 +29,24 @@ class Store:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         Base.metadata.create_all(self.engine)
+        self._add_missing_columns()
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _add_missing_columns(self) -> None:
+        """Additive schema evolution: a database written by an older spotrain gets the columns added
+        since, with their defaults, so upgrading never loses or strands stored jobs."""
+        insp = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in Base.metadata.sorted_tables:
+                have = {c["name"] for c in insp.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name in have:
+                        continue
+                    default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
+                    ddl = f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile(self.engine.dialect)}"
+                    if default is not None:
+                        ddl += f" DEFAULT {default!r}" if isinstance(default, str) else f" DEFAULT {default}"
+                    conn.execute(text(ddl))
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
