@@ -77,6 +77,17 @@ def age_hazard_per_hour(mean_hazard_per_hour: float, age_hours: float | None, *,
     return shape / (scale_h + max(0.0, age_hours))
 
 
+def expected_remaining_life_hours(mean_hazard_per_hour: float, age_hours: float | None, *, shape: float = LOMAX_SHAPE) -> float:
+    """Mean of the rest of the current run of availability, given its age (Lomax: the older the
+    run, the longer it is expected to last; Lindy). E[X - x | X > x] = (s + x) / (a - 1)."""
+    if mean_hazard_per_hour <= 0:
+        return float("inf")
+    mean_h = 1.0 / mean_hazard_per_hour
+    if age_hours is None:
+        return mean_h
+    return mean_h + max(0.0, age_hours) / (shape - 1.0)
+
+
 def available_fraction(ev: HazardEvidence) -> float:
     """Posterior mean of the fraction of time the market has room (Beta prior, in hours)."""
     a = PRIOR_AVAILABLE_FRACTION * PRIOR_AVAILABILITY_HOURS + ev.available_hours

@@ -22,17 +22,21 @@ from .simulate import load_trace, random_starts, run_many
 @click.argument("spec_path", type=click.Path(dir_okay=False))
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="Market trace CSV (default: the bundled one).")
 @click.option("--runs", type=click.IntRange(min=1, max=10000), default=50, show_default=True, help="Simulated start times.")
-@click.option("--restart-overhead-hours", type=click.FloatRange(min=0), default=None)
+@click.option("--restart-overhead-hours", type=click.FloatRange(min=0), default=None, help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
+@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=None, help="Measured checkpoint save time.")
+@click.option("--restore-seconds", type=click.FloatRange(min=0), default=None, help="Measured restart + restore time.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True)
-def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_hours: float | None, seed: int,
+def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_hours: float | None,
+            checkpoint_seconds: float | None, restore_seconds: float | None, seed: int,
             overrides: tuple[str, ...], as_json: bool) -> None:
     """Predict the cost and finish time of SPEC (median and 10-90 % range) with the spotrain policy."""
     spec, _ = load_spec(spec_path, overrides=overrides)
     trace = load_trace(trace_path)
     job = make_sim_job(spec, spec_dir=Path(spec_path).resolve().parent,
-                       restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600)
+                       restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
+                       checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
     results = run_many(trace, job, "spotrain", random_starts(trace, job, runs, seed))
     cost = np.array([r.cost_usd for r in results])
     fin = np.array([r.finish_hours for r in results if r.finish_hours is not None])
@@ -45,12 +49,14 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
         "deadline_met_share": float(np.mean([r.deadline_met for r in results])),
         "finished_share": float(fin.size / len(results)),
         "on_demand_equivalent_usd": float(np.median(od)),
+        "restart_overhead_s": job.restart_overhead_s,
     }
     if as_json:
         click.echo(json.dumps(out, sort_keys=True))
         return
     c = out["cost_usd"]
-    click.echo(f"{spec.name}: cost ${c['median']:.2f} (range ${c['p10']:.2f}-${c['p90']:.2f}) over {len(results)} simulated starts")
+    click.echo(f"{spec.name}: cost ${c['median']:.2f} (range ${c['p10']:.2f}-${c['p90']:.2f}) over {len(results)} simulated starts, "
+               f"restart overhead {job.restart_overhead_s / 60:.1f} min")
     f = out["finish_hours"]
     if f is None:
         click.echo("finish: never within the simulated horizon")

@@ -11,7 +11,10 @@ import numpy as np
 from cloud_providers.local.market import MarketTrace, TraceError
 
 from ..errors import SpecError
+from ..policy import get_policy
 from ..simulator import POLICIES, Simulation, make_sim_job, run_named
+from ..simulator.jobs import restart_overhead_from_measurements
+from ..simulator.workload import DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
 from ..simulator.engine import SimJob, SimResult
 from ..spec import load_spec
 
@@ -38,7 +41,11 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) 
 
 @click.command("simulate")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="Market trace CSV (default: the bundled one).")
-@click.option("--job", "job_path", required=True, type=click.Path(dir_okay=False), help="Job spec YAML (its simulate: and objective: sections).")
+@click.option("--job", "job_path", default=None, type=click.Path(dir_okay=False), help="Job spec YAML (its simulate: and objective: sections).")
+@click.option("--workload", "workload_path", default=None, type=click.Path(dir_okay=False),
+              help="Instead of --job: a job-arrival workload CSV (Pollux's name,time,application,num_replicas,batch_size); reports average JCT, cost and deadline misses.")
+@click.option("--deadline-factor", type=float, default=DEFAULT_DEADLINE_FACTOR, show_default=True,
+              help="With --workload: each job's deadline is this many times its on-demand run time (0: no deadlines).")
 @click.option("--policy", type=click.Choice(POLICIES), default="spotrain", show_default=True)
 @click.option("--start-hours", type=float, default=0.0, show_default=True, help="Trace hour at which the job is submitted.")
 @click.option("--starts", type=click.IntRange(min=1), default=None, help="Run N seeded random start times instead (one JSON line each).")
@@ -48,14 +55,20 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) 
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per run).")
-def command(trace_path: str | None, job_path: str, policy: str, start_hours: float, starts: int | None,
+def command(trace_path: str | None, job_path: str | None, workload_path: str | None, deadline_factor: float, policy: str, start_hours: float, starts: int | None,
             restart_overhead_hours: float | None, checkpoint_seconds: float | None, restore_seconds: float | None,
             seed: int, overrides: tuple[str, ...], as_json: bool) -> None:
     """Replay a market trace with a policy in virtual time and report cost, finish time, deadline and preemptions."""
-    spec, _ = load_spec(job_path, overrides=overrides)
-    trace = load_trace(trace_path)
+    if (job_path is None) == (workload_path is None):
+        raise click.UsageError("give exactly one of --job SPEC and --workload CSV")
     if start_hours < 0:
         raise click.UsageError("--start-hours must be >= 0")
+    trace = load_trace(trace_path)
+    if workload_path is not None:
+        _workload(trace, workload_path, policy, start_hours, restart_overhead_hours, checkpoint_seconds, restore_seconds, deadline_factor, as_json)
+        return
+    assert job_path is not None
+    spec, _ = load_spec(job_path, overrides=overrides)
     job = make_sim_job(spec, spec_dir=Path(job_path).resolve().parent,
                        restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
                        checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
@@ -68,3 +81,25 @@ def command(trace_path: str | None, job_path: str, policy: str, start_hours: flo
             click.echo(f"{r.policy}: start {r.start_hours:.2f} h  cost ${r.cost_usd:.2f}  finish {fin}  "
                        f"deadline {'met' if r.deadline_met else 'MISSED'}  preemptions {r.preemptions}  "
                        f"spot {r.spot_hours:.2f} h  on-demand {r.on_demand_hours:.2f} h  ({r.state})")
+
+
+def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, overhead_hours: float | None,
+              checkpoint_seconds: float | None, restore_seconds: float | None, deadline_factor: float, as_json: bool) -> None:
+    if policy == "omniscient":
+        raise click.UsageError("--policy omniscient is defined for one fixed-size job, not for a workload")
+    if deadline_factor != 0 and deadline_factor <= 1:
+        raise click.UsageError("--deadline-factor must be > 1, or 0 for no deadlines")
+    try:
+        jobs = read_workload(path)
+    except WorkloadError as exc:
+        raise SpecError(f"workload error: {exc}") from None
+    d = overhead_hours * 3600 if overhead_hours is not None else restart_overhead_from_measurements(checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
+    out = simulate_workload(trace, jobs, get_policy(policy), start_s=start_hours * 3600.0, restart_overhead_s=d,
+                            deadline_factor=None if deadline_factor == 0 else deadline_factor)
+    if as_json:
+        click.echo(json.dumps(out, sort_keys=True))
+        return
+    jct = "n/a" if out["avg_jct_hours"] is None else f"{out['avg_jct_hours']:.2f} h"
+    click.echo(f"{out['policy']}: {out['finished']}/{out['jobs']} jobs finished, average JCT {jct}, cost ${out['cost_usd']:.2f} "
+               f"(on-demand ${out['on_demand_cost_usd']:.2f}), deadline misses {out['deadline_misses']}, preemptions {out['preemptions']}")
+    click.echo("mapped applications: " + ", ".join(f"{a} -> {p}" for a, p in out["mapped_applications"].items()))

@@ -13,17 +13,23 @@ Per job (``plan_job``):
    preemption loses the restart overhead (measured when known) plus the work since the last
    checkpoint when the notice is too short to checkpoint. Any change pays one restart up front, so a
    new allocation must beat its restart cost (no thrashing).
-3. Deadline: Uniform Progress generalised (Can't Be Late, NSDI'24). With R the time to the deadline
-   and C the time the remaining work needs on the fastest on-demand gang (the fallback):
-   - Safety Net: when R - C < 2d + lag, run the fallback (or keep an intact spot gang while
-     R - C >= d + lag + lost work: a preemption then still leaves time for the fallback).
-   - Expected-supply progress rule: instead of the uniform line ep(t) = C0 t / R0, the job is
-     *behind* when the remaining work exceeds what spot is expected to supply before the deadline,
-     f * r_F * (R - reserve), with f the observed share of time spot had room for the gang (all
-     eligible offerings together, discounted for restarts) and a reserve of the Safety-Net margin
-     plus one mean outage. Behind: make progress now (spot if any, else on-demand). Ahead: only spot;
-     wait otherwise. On on-demand, stay until ahead by 2d (UP's hysteresis), and leave on-demand for
-     spot only when the expected spot life passes the paper's lifetime test (section 5.4).
+3. Deadline: Can't Be Late's rules (NSDI'24) with a slack reserve in place of the uniform line. With
+   R the time to the deadline, C the time the remaining work needs on the fastest on-demand gang (the
+   fallback) and slack = R - C:
+   - Safety Net: when slack < 2d + lag, run the fallback (or keep an intact spot gang while
+     slack >= d + lag + lost work: a preemption then still leaves time for the fallback).
+   - Reserve = Safety-Net margin + one restart cycle per expected preemption over the rest of the work
+     (a cycle is 2d + lag through on-demand with one spot offering, d + lag failing over to another
+     with several; d is the job's measured restart overhead). Above the reserve the job only takes
+     spot and otherwise waits (waiting costs slack, nothing else: greedy's strength), and waits for a
+     clearly cheaper offering when its expected outage fits in the slack to spare. At the reserve it
+     progresses now: spot when any has room, else on-demand, and leaves on-demand for spot only while
+     the slack still covers one more cycle and the expected spot life passes the paper's lifetime
+     test (section 5.4). The reserve shrinks with d and with the work left, so cheap restarts mean
+     little on-demand time.
+   - Exploitation: an intact spot gang runs until preempted; it moves only to a faster gang, or, while
+     the slack stays above the reserve, to a spot offering whose saving over its expected remaining
+     run (Lomax, so older runs last longer) pays three restarts.
 4. Budget: every candidate's projected spend (spent + price x expected time to finish) must fit the
    hard budget. When even the cheapest way to finish does not fit, or the next decision interval could
    overrun it, the job ends FAILED_BUDGET now, with the numbers in the reason.
@@ -38,10 +44,11 @@ allocation (the classic bound for ratio-ordered greedy); it runs in O(jobs x can
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
-from cloud_providers.base import ON_DEMAND, SPOT, Offering
+from cloud_providers.base import ON_DEMAND, SPOT, Offering, offering_key
 from cost_models import hazard as hz
 from cost_models import objective
 from cost_models.scaling import Scaling
@@ -59,6 +66,12 @@ FASTER_TOLERANCE = 0.2
 # How many single-offering spot gangs to consider per size (bounds the work per job).
 SPOT_CANDIDATES = 4
 OD_CANDIDATES = 2
+# With slack to spare, wait for a spot offering this much cheaper (per unit of work) than the best
+# one with room now.
+WAIT_PREMIUM = 0.15
+# A running spot gang moves to a cheaper spot offering only when the expected saving pays this many
+# restarts.
+SWITCH_MARGIN = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,35 +120,81 @@ def market_view(o: Offering, h: MarketHistory | None) -> MarketView:
     return MarketView(hz.hazard_per_hour(ev), frac, hz.mean_outage_hours(ev) * 3600)
 
 
-def _age_hazard(view: MarketView, h: MarketHistory | None, now_s: float) -> float:
-    age_h = None
+def _age_h(h: MarketHistory | None, now_s: float) -> float | None:
     if h is not None and h.available_since_s is not None:
-        age_h = max(0.0, now_s - h.available_since_s) / 3600
-    return hz.age_hazard_per_hour(view.hazard_per_hour, age_h)
+        return max(0.0, now_s - h.available_since_s) / 3600
+    return None
+
+
+def _age_hazard(view: MarketView, h: MarketHistory | None, now_s: float) -> float:
+    return hz.age_hazard_per_hour(view.hazard_per_hour, _age_h(h, now_s))
+
+
+class _KeyedOffering(Offering):
+    """An offering whose key is computed once (the policy looks it up a few million times for a
+    thousand jobs)."""
+
+    @functools.cached_property
+    def key(self) -> str:  # type: ignore[override]
+        return offering_key(self.cloud, self.zone, self.instance_type, self.accelerator, self.gpus)
+
+
+_OFFERING_FIELDS = tuple(f.name for f in dataclasses.fields(Offering))
+
+
+def _keyed(o: Offering) -> Offering:
+    return _KeyedOffering(*(getattr(o, f) for f in _OFFERING_FIELDS))
 
 
 class SpotrainPolicy:
     name = "spotrain"
 
     def decide(self, inp: PolicyInput) -> list[Allocation]:
+        inp = dataclasses.replace(inp, offerings=tuple(_keyed(o) for o in inp.offerings))
         by_key = {o.key: o for o in inp.offerings}
         views: dict[str, MarketView] = {}
         hazards: dict[str, float] = {}
+        lifes_h: dict[str, float] = {}
         for o in inp.offerings:
             if o.spot_price_usd_per_hour is not None:
                 h = inp.history.get(o.key)
                 v = market_view(o, h)
                 views[o.key] = v
-                hazards[o.key] = _age_hazard(v, h, inp.now_s)
+                # The rate over the expected rest of the current run (not the instantaneous Lomax
+                # hazard, which overstates the risk of a fresh run over a horizon of hours).
+                lifes_h[o.key] = hz.expected_remaining_life_hours(v.hazard_per_hour, _age_h(h, inp.now_s))
+                hazards[o.key] = 1.0 / lifes_h[o.key] if lifes_h[o.key] > 0 else v.hazard_per_hour
         elig_cache: dict[tuple[object, ...], list[Offering]] = {}
+        memo: dict[tuple[object, ...], JobPlan] = {}
+        shared: dict[tuple[object, ...], object] = {}
         plans = []
         for job in inp.jobs:
             r = job.spec.resources
             ck = (tuple(map(str, r.accelerators)), tuple(r.instance_types), tuple(r.clouds), tuple(r.regions))
             if ck not in elig_cache:
                 elig_cache[ck] = eligible_offerings(job.spec, inp.offerings)
-            plans.append(plan_job(job, inp, elig_cache[ck], views, hazards))
+            # Jobs in the same state (a sweep of identical jobs, say) get the same plan: computed once.
+            mk = _memo_key(job, ck)
+            hit = memo.get(mk)
+            if hit is None:
+                hit = memo[mk] = plan_job(job, inp, elig_cache[ck], views, hazards, lifes_h, shared)
+            plans.append(hit if hit.job_id == job.job_id else dataclasses.replace(hit, job_id=job.job_id))
         return allocate_jointly(plans, inp, by_key)
+
+
+def _scaling_key(scaling: Scaling) -> object:
+    try:
+        hash(scaling)
+    except TypeError:
+        return id(scaling)
+    return scaling
+
+
+def _memo_key(job: JobView, eligibility: tuple[object, ...]) -> tuple[object, ...]:
+    """Everything ``plan_job`` reads from a job, except its id (the spec by identity: a copy of an
+    equal spec only misses the cache)."""
+    return (id(job.spec), eligibility, job.submitted_s, job.progress, job.held, job.cost_so_far_usd, job.restart_overhead_s,
+            tuple(sorted(job.recent_capacity_failures.items())), id(job.scaling), job.since_checkpoint_s, job.restarting)
 
 
 def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping[str, Offering]) -> list[Allocation]:
@@ -248,6 +307,8 @@ def plan_job(
     options: Sequence[Offering],
     views: Mapping[str, MarketView],
     hazards_all: Mapping[str, float],
+    lifes_h: Mapping[str, float] | None = None,
+    shared: dict[tuple[object, ...], object] | None = None,
 ) -> JobPlan:
     spec = job.spec
     if not options:
@@ -283,7 +344,14 @@ def plan_job(
             if f is not None:
                 raw.append((f, "spot+on-demand" if with_od and any(p.market == ON_DEMAND for p in f) else "spot"))
         if on_demand_allowed(job):
-            for g in _on_demand_gangs(job, usable, scaling, n):
+            # The same for every job with these options and scaling: computed once per decision.
+            gk = ("od", id(options) if len(usable) == len(options) else tuple(o.key for o in usable), _scaling_key(scaling), n)
+            gangs = shared.get(gk) if shared is not None else None
+            if gangs is None:
+                gangs = _on_demand_gangs(job, usable, scaling, n)
+                if shared is not None:
+                    shared[gk] = gangs
+            for g in gangs:  # type: ignore[attr-defined]
                 raw.append((g, "on-demand"))
         # Single-offering spot gangs on the few least risky offerings (lifetimes differ by zone).
         if spot_allowed(job):
@@ -311,26 +379,22 @@ def plan_job(
     urgency = NORMAL
     wake: float | None = None
     mode = "free"
+    slack_now = reserve_now = math.inf
     if deadline is not None and fallback_rate > 0:
         R = deadline - now
         C = w_rem / fallback_rate
         slack = R - C
-        supply = _spot_supply(job, usable, views, hazards_all, scaling, fallback_rate, d)
-        outage_s = min((views[o.key].mean_outage_s for o in usable if o.key in views), default=0.0)
-        reserve = safety + min(outage_s, 0.25 * max(R, 0.0))
-        need_rate_share = w_rem / max(1e-9, fallback_rate * max(R - reserve, 1e-9))
         on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
+        reserve = _reserve_s(usable, views, C, d, lag, safety)
+        slack_now, reserve_now = slack, reserve
         if slack < safety:
             urgency, mode = URGENT, "safety-net"
-        elif need_rate_share > supply or (on_od and w_rem > supply * fallback_rate * (R - reserve - 2 * d)):
+        elif slack <= reserve:
             urgency, mode = BEHIND, "behind"
         else:
             mode = "ahead"
-            # Wake when the job would fall behind if it stays idle (w_rem constant, R shrinking).
-            if supply > 0:
-                t_behind = deadline - reserve - w_rem / (supply * fallback_rate)
-                t_safety = deadline - C - safety
-                wake = max(now + lag, min(t_behind, t_safety))
+            # Waiting spends slack one for one: wake when it reaches the reserve.
+            wake = max(now + lag, now + slack - reserve)
     # ---- score ----
     scored: list[Candidate] = []
     horizon_cap = HORIZON_S
@@ -361,17 +425,32 @@ def plan_job(
         allowed = keep_spot or [c for c in scored if all_od(c) and c.rate >= fallback_rate - 1e-12]
         reason = "safety net: slack below 2 x restart overhead"
     elif mode == "behind":
+        slack_left = (deadline - now) - w_rem / fallback_rate  # type: ignore[operator]
         fast = [c for c in scored if c.rate >= fallback_rate - 1e-12]
         on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
         k = _price_ratio(by_key, cur, fallback_rate, scored)
-        spot_fast = [c for c in fast if is_spot(c) and (not on_od or _life_ok(c, hazards_all, d, k, from_od=True))]
+        # Leaving on-demand for spot costs a restart now and one more when preempted: only while the
+        # slack still covers that cycle beyond the Safety Net, and the spot life is worth it (5.4).
+        cycle_ok = slack_left >= safety + 2.0 * d + lag
+        spot_fast = [c for c in fast if is_spot(c) and (not on_od or (cycle_ok and _life_ok(c, hazards_all, d, k, from_od=True)))]
         allowed = spot_fast + [c for c in fast if not is_spot(c)] if spot_fast else [c for c in fast if not is_spot(c)] or fast
-        reason = "behind the expected spot supply: progress now"
+        reason = "slack at the reserve: progress now (spot if any)"
     elif mode == "ahead":
         on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
         k = _price_ratio(by_key, cur, fallback_rate, scored)
         allowed = [c for c in scored if all(p.market == SPOT for p in c.placements) and _life_ok(c, hazards_all, d, k, from_od=on_od)]
-        reason = "ahead of the expected spot supply: spot only, else wait"
+        reason = "slack above the reserve: spot only, else wait"
+        if allowed and (not cur or job.restarting):
+            # Slack to spare: rather than start on a dear spot offering, wait for a cheaper one to
+            # have room, as long as its expected outage leaves the slack above the reserve.
+            best_now = min(c.price_usd_per_hour / c.rate for c in allowed)
+            cheaper = [(views[o.key].mean_outage_s, o) for o in usable if o.key in views and o.spot_price_usd_per_hour is not None
+                       and _spot_price_per_work(o, scaling) < best_now / (1.0 + WAIT_PREMIUM)]
+            wait_s = min((w for w, _ in cheaper), default=math.inf)
+            if slack_now - wait_s > reserve_now + 2.0 * d + lag:
+                allowed = []
+                reason = "slack above the reserve: waiting for a cheaper spot offering"
+                wake = min(wake if wake is not None else math.inf, now + max(lag, wait_s))
     elif deadline is None:
         reason = "no deadline: best goodput per dollar"
 
@@ -404,7 +483,20 @@ def plan_job(
     # No thrashing: the current allocation stays unless something else beats it by its restart cost
     # (already charged in the score); ties keep the current one.
     keep = [c for c in allowed if c.placements == cur]
-    if keep and not job.restarting and keep[0].score >= allowed[0].score * (1 - 1e-9):
+    if keep and not job.restarting and all(p.market == SPOT for p in cur):
+        # Exploitation (Can't Be Late, section 5.2): an intact spot gang runs until preempted. A move
+        # to another spot offering at the same speed trades a certain restart for a guessed lifetime.
+        # Only a faster gang, or a much cheaper spot offering whose saving over its expected life
+        # pays for two restarts (this one and the risk of its fresh run), may replace it.
+        k0 = keep[0]
+        # The restart spends slack: only while it stays above the reserve.
+        room_ok = deadline is None or (mode == "ahead" and slack_now - d - lag > reserve_now)
+        movers = [c for c in allowed if c is not k0 and (
+            (c.rate > k0.rate * (1 + 1e-9) and c.score > k0.score)
+            or (room_ok and all(p.market == SPOT for p in c.placements) and c.rate >= k0.rate * (1 - 1e-9)
+                and _switch_saving_usd(k0, c, w_rem, lifes_h or {}, d) > SWITCH_MARGIN * d / 3600 * c.price_usd_per_hour))]
+        allowed = movers + keep
+    elif keep and not job.restarting and keep[0].score >= allowed[0].score * (1 - 1e-9):
         allowed = keep + [c for c in allowed if c is not keep[0]]
     if not allowed:
         why = "waiting for spot room" if mode == "ahead" else "no allocation fits the constraints; waiting"
@@ -448,44 +540,37 @@ def _life_ok(c: Candidate, hazards: Mapping[str, float], d: float, k: float, *, 
     return objective.spot_worth_switching(3600.0 / lam, d, k, from_on_demand=from_od)
 
 
-def _spot_supply(
-    job: JobView,
-    options: Sequence[Offering],
-    views: Mapping[str, MarketView],
-    hazards: Mapping[str, float],
-    scaling: Scaling,
-    fallback_rate: float,
-    d: float,
-) -> float:
-    """Expected spot progress rate, as a share of the fallback's, over the rest of the job.
+def _reserve_s(options: Sequence[Offering], views: Mapping[str, MarketView], fallback_s: float, d: float, lag: float, safety: float) -> float:
+    """Slack to keep before the job stops waiting for spot: the Safety Net plus one spot cycle
+    (restart on spot, preemption, restart on the fallback: 2d + lag) per preemption expected over the
+    rest of the work, at the least hazardous eligible offering's mean hazard. Above it, waiting for
+    spot costs nothing but slack (greedy, SkyPilot's lesson); at it, the job progresses on on-demand
+    through outages and still takes spot when the slack covers one more cycle."""
+    hazards = [views[o.key].hazard_per_hour for o in options if o.key in views]
+    if not hazards:
+        return safety
+    preemptions = min(hazards) * fallback_s / 3600.0
+    # With several spot offerings a preempted job usually fails over to another one's room (one
+    # restart); with one, it goes through on-demand (two).
+    cycle = (d + lag) if len(hazards) > 1 else (2.0 * d + lag)
+    return safety + preemptions * cycle
 
-    For each gang size k = 1..workers.max, the probability that some eligible offering has room for k
-    GPUs (offerings taken as independent) times the rate k adds, discounted by the share of time lost
-    to restarts at the offering's mean hazard."""
-    if not spot_allowed(job):
-        return 0.0
-    nmax, nmin = job.spec.workers.max, job.spec.workers.min
-    total = 0.0
-    prev_rate = 0.0
-    for k in range(1, nmax + 1):
-        p_none = 1.0
-        rate_k = 0.0
-        for o in options:
-            v = views.get(o.key)
-            if v is None or k % o.gpus:
-                continue
-            n_inst = k // o.gpus
-            fr = v.available_fraction_by_count
-            a = fr[min(n_inst, len(fr)) - 1] if fr else 0.0
-            a *= objective.productive_fraction(v.hazard_per_hour, d)
-            p_none *= 1.0 - a
-            rate_k = max(rate_k, gang_rate(scaling, ((o, n_inst),)))
-        if k < nmin:
-            prev_rate = 0.0 if k < nmin else prev_rate
-            continue
-        if k == nmin:
-            total += (1.0 - p_none) * rate_k
-        else:
-            total += (1.0 - p_none) * max(0.0, rate_k - prev_rate)
-        prev_rate = rate_k
-    return min(1.0, total / fallback_rate) if fallback_rate > 0 else 0.0
+
+def _spot_price_per_work(o: Offering, scaling: Scaling) -> float:
+    """Spot USD per hour per unit of rate of one instance (the unit ``Candidate.price / rate`` uses)."""
+    rate = gang_rate(scaling, ((o, 1),))
+    return o.spot_price_usd_per_hour / rate if rate > 0 and o.spot_price_usd_per_hour is not None else math.inf
+
+
+def _switch_saving_usd(cur: Candidate, new: Candidate, w_rem: float, lifes_h: Mapping[str, float], d: float) -> float:
+    """Expected saving of moving a running spot gang to ``new``: the difference of the prices with
+    each offering's restarts priced in (one per expected remaining run), over the shorter of the time
+    left to finish and the new offering's expected remaining run."""
+    def life(c: Candidate) -> float:
+        return min((lifes_h.get(p.offering_key, 0.0) for p in c.placements if p.market == SPOT), default=math.inf)
+
+    def eff(c: Candidate) -> float:
+        return c.price_usd_per_hour / c.rate * (1.0 + d / 3600.0 / max(life(c), 1e-9))
+
+    hours = min(w_rem / new.rate / 3600.0, life(new))
+    return max(0.0, eff(cur) - eff(new)) * new.rate * hours

@@ -65,3 +65,15 @@ def test_deadline_arithmetic_and_lifetime_test() -> None:
     assert objective.spot_worth_switching(0.4 * 3600, 0.2 * 3600, 3.0, from_on_demand=False)
     assert not objective.spot_worth_switching(0.4 * 3600, 0.2 * 3600, 3.0, from_on_demand=True)
     assert not objective.spot_worth_switching(1e9, 1.0, 1.0, from_on_demand=False)
+
+
+def test_expected_remaining_life_grows_with_age() -> None:
+    """Lindy under a Lomax lifetime: a fresh run is expected to last its mean, an older one longer."""
+    from cost_models.hazard import LOMAX_SHAPE, expected_remaining_life_hours
+
+    assert expected_remaining_life_hours(0.25, None) == expected_remaining_life_hours(0.25, 0.0) == 4.0
+    assert expected_remaining_life_hours(0.25, 3.0) == 4.0 + 3.0 / (LOMAX_SHAPE - 1.0)
+    ages = [0.0, 1.0, 5.0, 20.0]
+    lives = [expected_remaining_life_hours(0.5, a) for a in ages]
+    assert lives == sorted(lives) and lives[0] < lives[-1]
+    assert expected_remaining_life_hours(0.0, 1.0) == float("inf")

@@ -8,7 +8,7 @@ from conftest import make_spec
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named
 from autoscaler.simulator.omniscient import plan_omniscient
-from autoscaler.simulator.tracegen import MULTI_ZONE, SINGLE_ZONE, generate_trace
+from autoscaler.simulator.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 
 TRACE_HOURS = 24 * 8
 
@@ -19,14 +19,22 @@ def single() -> Simulation:
 
 
 @pytest.fixture(scope="module")
+def multinode() -> Simulation:
+    return Simulation(generate_trace(MULTI_NODE, hours=TRACE_HOURS, seed=9), make_spec(workers={"min": 4, "max": 4}, training={"logical_workers": 4, "global_batch_size": 256}))
+
+
+@pytest.fixture(scope="module")
 def multi() -> Simulation:
     return Simulation(generate_trace(MULTI_ZONE, hours=TRACE_HOURS, seed=8), make_spec())
 
 
-@pytest.mark.parametrize("which,fraction,overhead_min", [("single", 0.8, 12), ("single", 0.9, 6), ("multi", 0.9, 12)])
+@pytest.mark.parametrize("which,fraction,overhead_min", [("single", 0.8, 12), ("single", 0.9, 6), ("single", 0.6, 1),
+                                                         ("multi", 0.9, 12), ("multi", 0.6, 3), ("multinode", 0.8, 12)])
 def test_omniscient_is_a_lower_bound_and_nobody_misses(request: pytest.FixtureRequest, which: str, fraction: float, overhead_min: int) -> None:
     sim: Simulation = request.getfixturevalue(which)
-    spec = make_spec(simulate={"work_gpu_hours": 24 * fraction})
+    n = 4 if which == "multinode" else 1
+    spec = make_spec(simulate={"work_gpu_hours": 24 * fraction * n}, workers={"min": n, "max": n},
+                     training={"logical_workers": 4, "global_batch_size": 256})
     job = make_sim_job(spec, restart_overhead_s=overhead_min * 60.0)
     starts = np.random.default_rng(1).uniform(0, (TRACE_HOURS - 25) * 3600, 12)
     for s in starts:
@@ -40,7 +48,7 @@ def test_omniscient_is_a_lower_bound_and_nobody_misses(request: pytest.FixtureRe
         # Accounting: cost is at most on-demand's price for the same hours, hours match the work.
         for r in res.values():
             assert r.cost_usd <= r.on_demand_cost_usd + 1e-6
-            assert r.spot_hours + r.on_demand_hours >= 24 * fraction - 1e-6
+            assert r.spot_hours + r.on_demand_hours >= 24 * fraction * n - 1e-6
 
 
 def test_dp_plan_cost_matches_its_replay(single: Simulation) -> None:

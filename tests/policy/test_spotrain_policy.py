@@ -77,7 +77,11 @@ def test_budget_fails_early_with_a_clear_reason() -> None:
 def test_deadline_behind_goes_on_demand_when_no_spot() -> None:
     offers = [dataclasses.replace(o, spot_available=0) for o in MarketTrace.bundled().offerings_at(0)]
     spec = make_spec(objective={"deadline": "10h"}, simulate={"work_gpu_hours": 9})
-    a = _decide(JobView("d", spec, submitted_s=0, progress=0.0), offers)
+    # One hour of slack: wait for spot while the slack is above the reserve (Safety Net + a restart
+    # cycle per expected preemption), then progress on demand from the wake-up time on.
+    first = _decide(JobView("d", spec, submitted_s=0, progress=0.0), offers)
+    assert first.placements == () and first.next_decision_s is not None and 0 < first.next_decision_s < 3600
+    a = _decide(JobView("d", spec, submitted_s=0, progress=0.0), offers, first.next_decision_s)
     assert a.placements and all(p.market == ON_DEMAND for p in a.placements)
     relaxed = make_spec(objective={"deadline": "48h"}, simulate={"work_gpu_hours": 3})
     b = _decide(JobView("d", relaxed, submitted_s=0, progress=0.0), offers)
@@ -139,3 +143,26 @@ def test_thousand_jobs_decided_quickly() -> None:
     elapsed = time.perf_counter() - t0
     assert len(allocs) == 1000
     assert elapsed < 2.0, elapsed  # < 1 s on an idle core (benchmarks/policy_latency.py); slack for CI
+
+
+def test_reserve_follows_the_measured_restart_overhead() -> None:
+    """The slack kept before leaving spot-waiting scales with the job's own restart time: with cheap
+    restarts the job keeps waiting for spot where one with slow restarts already runs on demand."""
+    offers = [dataclasses.replace(o, spot_available=0) for o in MarketTrace.bundled().offerings_at(0)]
+    spec = make_spec(objective={"deadline": "24h"}, simulate={"work_gpu_hours": 22})
+    slow = _decide(JobView("d", spec, submitted_s=0, progress=0.0, restart_overhead_s=1800), offers)
+    fast = _decide(JobView("d", spec, submitted_s=0, progress=0.0, restart_overhead_s=60), offers)
+    assert slow.placements and all(p.market == ON_DEMAND for p in slow.placements)
+    assert fast.placements == () and fast.next_decision_s is not None
+
+
+def test_running_spot_gang_is_not_moved_for_a_guess() -> None:
+    """Exploitation: an intact spot gang stays when another spot offering is only a little cheaper."""
+    offers = MarketTrace.bundled().offerings_at(0)
+    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]}, objective={"deadline": "24h"}, simulate={"work_gpu_hours": 12})
+    v100 = [o for o in offers if o.accelerator == "V100" and o.gpus == 1 and (o.spot_available or 0) > 0]
+    dearest = max(v100, key=lambda o: o.spot_price_usd_per_hour)
+    job = JobView("s", spec, submitted_s=0, progress=0.2, held=(Held(dearest.key, SPOT, 1),))
+    cheaper = [dataclasses.replace(o, spot_price_usd_per_hour=dearest.spot_price_usd_per_hour * 0.97) if o in v100 and o != dearest else o for o in offers]
+    a = _decide(job, cheaper, 3600)
+    assert [(p.offering_key, p.market) for p in a.placements] == [(dearest.key, SPOT)]

@@ -1,0 +1,284 @@
+"""Multi-job simulation: replay a job-arrival workload against a market trace with one policy.
+
+A workload is Pollux's format (Qiao et al., OSDI'21; ``cost_models/data/pollux/workloads``):
+``name,time,application,num_replicas,batch_size`` - submit time in seconds, the model, and the replicas
+and total batch size the user asked for. Each job becomes a fixed-size gang of ``num_replicas`` GPUs
+(the size its user asked for) with the measured Pollux throughput model of its application:
+
+- ``cifar10``, ``bert``, ``imagenet``, ``ncf``: their own profiles.
+- ``deepspeech2`` (DeepSpeech2 on CommonVoice, a recurrent speech model of medium size) has no profile:
+  it runs with ``bert``'s (the other sequence model of medium size: large gradients, compute-heavy steps).
+- ``yolov3`` (YOLOv3 on PASCAL VOC, a large convolutional detector) runs with ``imagenet``'s (ResNet-50:
+  the convolutional vision model nearest in size and step time).
+
+A job's work is what its model needed to reach Pollux's validation target: the scale-invariant
+iterations of the last row of ``<model>/validation-<M0>.csv`` (iterations at the initial batch ``M0``)
+times ``T_step(1 GPU, M0)``, in reference GPU-seconds (YOLOv3: a quarter of ImageNet's, see
+``WORK_SCALE``). The job then runs at its own batch with the profile's speedup for it.
+
+All jobs share the market: the spot room of an offering is split among them (first come, first
+served; when room shrinks the most recently submitted holders are preempted first). The policy decides
+for all active jobs at once, as the controller does. Deadlines are optional: ``deadline_factor`` F gives
+each job F times its time on the fastest on-demand gang of its size.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cloud_providers.base import SPOT, Offering
+from cloud_providers.local.market import MarketTrace
+from cost_models.scaling import ProfileScaling, pollux_model
+
+from ..policy.base import Held, JobView, Policy, PolicyInput
+from ..policy.jobmath import gang_rate
+from ..spec import JobSpec, spec_from_dict
+from .engine import GRID_S, MAX_DECISION_GAP_S
+
+# Pollux application -> the profile it runs with (see the module docstring for the two mapped ones).
+APPLICATION_PROFILE = {"cifar10": "cifar10", "bert": "bert", "imagenet": "imagenet", "ncf": "ncf",
+                       "deepspeech2": "bert", "yolov3": "imagenet"}
+# (initial batch M0, scale-invariant iterations to the validation target): the last row of Pollux's
+# ``<model>/validation-<M0>.csv`` (shared/data/pollux-profiles; cifar10's is in cost_models/data/pollux).
+TARGET_PROGRESS = {"cifar10": (128, 39063.0), "bert": (12, 14774.0), "imagenet": (200, 576526.0), "ncf": (256, 194174.0)}
+
+
+# Pollux's jobs are short (most under a GPU-hour): a deadline of a few times the on-demand run time
+# leaves them slack for spot beyond the Safety Net's 2 restarts.
+DEFAULT_DEADLINE_FACTOR = 4.0
+
+
+# YOLOv3 borrows ImageNet's profile, but Pollux (Table 1) puts it a size class below (10-100
+# GPU-hours, ImageNet 100-1000): a quarter of ImageNet's work, about 34 GPU-hours.
+WORK_SCALE = {"yolov3": 0.25}
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be read; the message names the line and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadJob:
+    name: str
+    submit_s: float
+    application: str
+    replicas: int
+    batch_size: int
+
+    @property
+    def profile(self) -> str:
+        return APPLICATION_PROFILE[self.application]
+
+
+def read_workload(path: str | Path) -> list[WorkloadJob]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise WorkloadError(f"workload {path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    rows = list(csv.DictReader(text.splitlines()))
+    out = []
+    for i, r in enumerate(rows, start=2):
+        try:
+            job = WorkloadJob(r["name"], float(r["time"]), r["application"], int(r["num_replicas"]), int(r["batch_size"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WorkloadError(f"workload {path}: line {i}: bad or missing column ({exc})") from None
+        if job.application not in APPLICATION_PROFILE:
+            raise WorkloadError(f"workload {path}: line {i}: application {job.application!r} unknown (known: {', '.join(sorted(APPLICATION_PROFILE))})")
+        if job.replicas < 1 or job.batch_size < 1 or job.submit_s < 0:
+            raise WorkloadError(f"workload {path}: line {i}: time, num_replicas and batch_size must be positive")
+        out.append(job)
+    if not out:
+        raise WorkloadError(f"workload {path}: no jobs")
+    return sorted(out, key=lambda j: (j.submit_s, j.name))
+
+
+def work_gpu_seconds(application: str) -> float:
+    """Reference GPU-seconds to reach the validation target: one GPU at the model's initial batch
+    ``M0`` (the unit of the spec's ``simulate.work_gpu_hours``), whatever batch the user asked for."""
+    profile = APPLICATION_PROFILE[application]
+    m0, progress = TARGET_PROGRESS[profile]
+    return progress * pollux_model(profile).step_time(1, 1, m0) * WORK_SCALE.get(application, 1.0)
+
+
+def workload_spec(job: WorkloadJob, offerings: Sequence[Offering], work_s: float, deadline_s: float | None) -> JobSpec:
+    accs = sorted({f"{o.accelerator}:{o.gpus}" for o in offerings if job.replicas % o.gpus == 0})
+    d: dict[str, Any] = {
+        "name": "w-" + "".join(c if c.isalnum() else "-" for c in job.name.lower()),
+        "run": "simulated",
+        "resources": {"accelerators": accs, "clouds": sorted({o.cloud for o in offerings})},
+        "workers": {"min": job.replicas, "max": job.replicas},
+        "training": {"logical_workers": job.replicas, # The spec wants a batch divisible by the workers; the simulated
+                     # scaling (``ProfileScaling``) uses the workload's batch as is.
+                     "global_batch_size": max(job.replicas, job.batch_size - job.batch_size % job.replicas),
+                     "max_batch_size": max(4096, job.batch_size)},
+        "simulate": {"work_gpu_hours": work_s / 3600.0},
+    }
+    if deadline_s is not None:
+        d["objective"] = {"deadline": f"{max(1, int(math.ceil(deadline_s)))}s"}
+    return spec_from_dict(d)
+
+
+@dataclasses.dataclass
+class _Run:
+    job: WorkloadJob
+    spec: JobSpec
+    scaling: ProfileScaling
+    work: float
+    deadline_s: float | None
+    holdings: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    progress: float = 0.0
+    overhead_left: float = 0.0
+    cost: float = 0.0
+    od_cost: float = 0.0
+    preemptions: int = 0
+    broken: bool = False
+    wake: float = 0.0
+    finish_s: float | None = None
+    state: str = "PENDING"
+
+
+def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
+                      restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
+                      max_s: float = 14 * 86400.0) -> dict[str, Any]:
+    """Replay ``jobs`` (submit times relative to ``start_s`` on the trace) and return the summary and
+    one record per job (cost, JCT, deadline)."""
+    if deadline_factor is not None and deadline_factor <= 1.0:
+        raise ValueError("deadline_factor must be > 1 (or None for no deadlines)")
+    offers0 = trace.offerings_at(start_s)
+    runs: list[_Run] = []
+    for j in jobs:
+        scaling = ProfileScaling(pollux_model(j.profile), j.batch_size)
+        work = work_gpu_seconds(j.application)
+        fits = [o for o in offers0 if j.replicas % o.gpus == 0]
+        if not fits:
+            raise ValueError(f"job {j.name}: no offering in the trace fits {j.replicas} replicas")
+        # The deadline's unit: the run time on the on-demand gang cheapest per unit of work (what the
+        # on-demand baseline runs), so that running on demand always meets it.
+        od = min(fits, key=lambda o: o.on_demand_price_usd_per_hour / gang_rate(scaling, ((o, j.replicas // o.gpus),)))
+        base_s = work / gang_rate(scaling, ((od, j.replicas // od.gpus),)) + restart_overhead_s
+        deadline = None if deadline_factor is None else deadline_factor * base_s
+        runs.append(_Run(j, workload_spec(j, fits, work, deadline), scaling, work, deadline))
+    t = start_s
+    end = start_s + max_s
+    change_times = sorted(trace.change_times())
+    while True:
+        active = [r for r in runs if r.state in ("PENDING", "RUNNING") and start_s + r.job.submit_s <= t + 1e-9]
+        for r in active:
+            r.state = "RUNNING"
+        offers = {o.key: o for o in trace.offerings_at(t)}
+        # 1. The market: spot room shrinks -> the latest-submitted holders lose first.
+        for key, o in offers.items():
+            held = [(r, r.holdings.get((key, SPOT), 0)) for r in active if r.holdings.get((key, SPOT), 0) > 0]
+            over = sum(n for _, n in held) - (o.spot_available or 0)
+            for r, n in sorted(held, key=lambda x: -x[0].job.submit_s):
+                if over <= 0:
+                    break
+                lose = min(n, over)
+                over -= lose
+                r.preemptions += lose
+                r.broken = True
+                if n - lose > 0:
+                    r.holdings[(key, SPOT)] = n - lose
+                else:
+                    del r.holdings[(key, SPOT)]
+        # 2. One decision for all active jobs.
+        if active:
+            views = [JobView(job_id=r.job.name, spec=r.spec, submitted_s=start_s + r.job.submit_s, progress=min(1.0, r.progress / r.work),
+                             held=tuple(Held(k, m, n, offers[k].gpus) for (k, m), n in sorted(r.holdings.items()) if n > 0),
+                             cost_so_far_usd=r.cost, restart_overhead_s=restart_overhead_s, scaling=r.scaling, restarting=r.broken)
+                     for r in active]
+            allocs = policy.decide(PolicyInput(now_s=t, jobs=views, offerings=tuple(offers.values()), decision_interval_s=GRID_S))
+            room = {k: o.spot_available or 0 for k, o in offers.items()}
+            for r in active:
+                for (k, m), n in r.holdings.items():
+                    if m == SPOT:
+                        room[k] -= n
+            for r, a in zip(active, allocs):
+                if a.fail_state:
+                    r.state, r.holdings = a.fail_state, {}
+                    continue
+                target: dict[tuple[str, str], int] = {}
+                mine = {k: n for (k, m), n in r.holdings.items() if m == SPOT}
+                for p in a.placements:
+                    if p.offering_key not in offers or p.instances <= 0:
+                        continue
+                    n = p.instances
+                    if p.market == SPOT:
+                        n = min(n, room.get(p.offering_key, 0) + mine.get(p.offering_key, 0))
+                    if n > 0:
+                        target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
+                if sum(n * offers[k].gpus for (k, _), n in target.items()) < r.spec.workers.min:
+                    target = {}  # not enough room for the gang: hold nothing rather than a broken gang
+                for (k, m), n in target.items():
+                    if m == SPOT:
+                        room[k] -= n - mine.get(k, 0)
+                for k, n in mine.items():
+                    if (k, SPOT) not in target:
+                        room[k] += n
+                if target != r.holdings or r.broken:
+                    # Any change of the gang (or a lost worker) restarts it.
+                    r.overhead_left = restart_overhead_s if target else 0.0
+                    r.holdings = target
+                r.broken = False
+                r.wake = t + MAX_DECISION_GAP_S if a.next_decision_s is None else min(t + MAX_DECISION_GAP_S, max(a.next_decision_s, t + GRID_S))
+        # 3. Advance to the next event.
+        i = bisect.bisect_right(change_times, t)
+        nxt = [change_times[i] if i < len(change_times) else end, end]
+        nxt += [start_s + r.job.submit_s for r in runs if r.state == "PENDING" and start_s + r.job.submit_s > t + 1e-9]
+        rates = {}
+        for r in runs:
+            if r.state != "RUNNING":
+                continue
+            nxt.append(r.wake)
+            rate = gang_rate(r.scaling, [(offers[k], n) for (k, _), n in r.holdings.items()])
+            rates[id(r)] = rate
+            if rate > 0:
+                nxt.append(t + r.overhead_left + (r.work - r.progress) / rate)
+        t_next = max(t, min(nxt))
+        dt = t_next - t
+        for r in runs:
+            if r.state != "RUNNING":
+                continue
+            price_s = sum(offers[k].price_usd_per_hour(m) * n for (k, m), n in r.holdings.items()) / 3600.0
+            r.cost += price_s * dt
+            r.od_cost += sum(offers[k].on_demand_price_usd_per_hour * n for (k, _), n in r.holdings.items()) / 3600.0 * dt
+            useful = max(0.0, dt - r.overhead_left)
+            r.overhead_left = max(0.0, r.overhead_left - dt)
+            r.progress += rates.get(id(r), 0.0) * useful
+            if rates.get(id(r), 0.0) > 0 and r.progress >= r.work - 1e-6:
+                r.state, r.finish_s, r.holdings = "SUCCEEDED", t_next, {}
+        t = t_next
+        if all(r.state not in ("PENDING", "RUNNING") for r in runs) or t >= end:
+            break
+    return _summary(runs, start_s, getattr(policy, "name", type(policy).__name__))
+
+
+def _summary(runs: Sequence[_Run], start_s: float, policy: str) -> dict[str, Any]:
+    per_job = []
+    for r in runs:
+        jct = None if r.finish_s is None else (r.finish_s - start_s - r.job.submit_s) / 3600.0
+        met = r.finish_s is not None and (r.deadline_s is None or jct * 3600.0 <= r.deadline_s + 1e-6)  # type: ignore[operator]
+        per_job.append({"name": r.job.name, "application": r.job.application, "profile": r.job.profile, "replicas": r.job.replicas,
+                        "state": r.state if r.state != "RUNNING" else "UNFINISHED", "cost_usd": round(r.cost, 4),
+                        "on_demand_cost_usd": round(r.od_cost, 4), "jct_hours": None if jct is None else round(jct, 4),
+                        "deadline_hours": None if r.deadline_s is None else round(r.deadline_s / 3600.0, 4),
+                        "deadline_met": met, "preemptions": r.preemptions})
+    done = [j["jct_hours"] for j in per_job if j["jct_hours"] is not None]
+    return {
+        "policy": policy,
+        "jobs": len(per_job),
+        "finished": len(done),
+        "avg_jct_hours": round(sum(done) / len(done), 4) if done else None,
+        "cost_usd": round(sum(j["cost_usd"] for j in per_job), 4),
+        "on_demand_cost_usd": round(sum(j["on_demand_cost_usd"] for j in per_job), 4),
+        "deadline_misses": sum(1 for j in per_job if not j["deadline_met"]),
+        "preemptions": sum(j["preemptions"] for j in per_job),
+        "mapped_applications": {a: p for a, p in APPLICATION_PROFILE.items() if a != p},
+        "per_job": per_job,
+    }
