@@ -7,6 +7,8 @@ offerings at their on-demand price: what holding that hardware on-demand would h
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterable, Mapping
 
 from cloud_providers.base import SPOT, Instance, InstanceState, Provider
@@ -16,16 +18,22 @@ from .state import InstanceRow
 
 
 def row_to_instance(row: InstanceRow) -> Instance:
+    """The instance as the provider reported it at launch (region and tags included: providers bill
+    from them), with the state the controller has recorded since."""
     parts = row.offering_key.split("/")
+    try:
+        tags = json.loads(row.tags_json or "{}")
+    except ValueError:
+        tags = {}
     return Instance(
         instance_id=row.instance_id,
         cloud=row.cloud,
-        region="",
+        region=row.region,
         zone=parts[1] if len(parts) > 1 else "",
         instance_type=parts[2] if len(parts) > 2 else "",
         market=row.market,
         state=InstanceState(row.state),
-        tags={},
+        tags=tags if isinstance(tags, dict) else {},
         launched_at_s=row.launched_at_s,
         terminated_at_s=row.terminated_at_s,
         interruption=row.interruption,

@@ -39,6 +39,7 @@ from cloud_providers.base import (
     TAG_DECISION,
     TAG_JOB,
     TAG_MARKET,
+    Instance,
     InstanceState,
     LaunchRequest,
     Offering,
@@ -57,6 +58,10 @@ from .state import Decision, InstanceRow, Job, JobState, Store
 
 log = logging.getLogger("spotrain.controller")
 
+# How often (ticks) the controller lists its instances by tag to catch unknown ones, and how long a
+# launch decision with no instance stays pending before it is failed.
+SWEEP_EVERY_TICKS = 10
+DECISION_GRACE_S = 120.0
 # Gangs lost in a row on healthy instances before any progress, after which the job fails.
 MAX_STALLED_RESTARTS = 5
 
@@ -80,6 +85,14 @@ def _maybe_crash_after_launch() -> None:
         log.warning("fault injection: exiting right after a launch, before recording it")
         logging.shutdown()
         os._exit(FAULT_EXIT_CODE)
+
+
+def gpus_of(offering_key: str) -> int:
+    """GPUs per instance from an offering key (``cloud/zone/type/ACCEL:N``)."""
+    try:
+        return max(1, int(offering_key.rsplit(":", 1)[1]))
+    except (IndexError, ValueError):
+        return 1
 
 
 class Controller:
@@ -110,6 +123,8 @@ class Controller:
         self._gang_stopped_at: dict[str, float] = {}
         self.last_tick_error: str | None = None
         self._market = MarketWatcher()
+        self._ticks = 0
+        self._last_tick_wall_s = 0.0
         # job_id -> (last checkpoint step seen, wall time it was first seen)
         self._last_checkpoint: dict[str, tuple[int, float]] = {}
 
@@ -163,6 +178,8 @@ class Controller:
             job = self.store.job(s, ref)
             if job is None:
                 raise JobNotFound(f"no job {ref!r}")
+            if job.controller_id != self.controller_id and not JobState(job.state).terminal:
+                raise ApiError(f"job {job.job_id} belongs to controller {job.controller_id}, not this one", status=409)
             if not JobState(job.state).terminal:
                 self._release_all(s, job, "job cancelled")
                 job.gang_attempt = 0
@@ -172,6 +189,7 @@ class Controller:
     # ----- the reconcile loop -----
     def tick(self) -> None:
         with self._lock:
+            t0 = time.monotonic()
             try:
                 self._tick()
                 self.last_tick_error = None
@@ -179,6 +197,11 @@ class Controller:
                 # A cloud hiccup must not kill the loop; the next tick retries.
                 self.last_tick_error = f"{type(exc).__name__}: {exc}"
                 log.warning("reconcile: %s", self.last_tick_error)
+            except Exception as exc:  # noqa: BLE001 - the loop must survive a bug; /healthz reports it
+                self.last_tick_error = f"{type(exc).__name__}: {exc}"
+                log.exception("reconcile failed")
+            finally:
+                self._last_tick_wall_s = time.monotonic() - t0
 
     def _tick(self) -> None:
         changed = self.provider.poll()
@@ -190,7 +213,7 @@ class Controller:
             jobs = self.store.jobs(s, controller_id=self.controller_id, live_only=True)
             if not jobs:
                 return
-            self._settle_pending_decisions(s, jobs)
+            self._sweep(s)
             offerings = list(self.provider.offerings())
             now_s = self.provider.now_s()
             self._market.observe(now_s, offerings)
@@ -223,16 +246,26 @@ class Controller:
                 if job is not None and alloc is not None:
                     self._apply(s, job, alloc, by_key)
 
-    def _settle_pending_decisions(self, s: Session, jobs: list[Job]) -> None:
-        """A launch that raised after its retries (throttling, a network error) leaves its decision
-        pending, and it may still have launched: adopt by decision tag, or mark it failed."""
-        ids = [j.job_id for j in jobs]
-        if s.scalars(select(Decision.decision_id).where(Decision.status == "pending", Decision.job_id.in_(ids))).first() is None:
-            return
-        from .recovery import resolve_pending_decisions
+    def _sweep(self, s: Session) -> None:
+        """Make the cloud and the database agree, every few ticks and whenever a launch is unsettled.
 
-        cloud = self.provider.list_instances({TAG_CONTROLLER: self.controller_id})
-        resolve_pending_decisions(self, s, {j.job_id: j for j in jobs}, cloud, why="after a failed launch call")
+        A launch call that raised after its retries leaves its decision pending, and it may still have
+        launched (EC2's describe calls are eventually consistent, too): the instance carrying the
+        decision's tag is adopted when it shows up; a decision with none is failed after a grace period.
+        Any instance tagged with this controller that the database does not know is adopted if its job
+        is live, else terminated, so nothing bills unseen until the next restart.
+        """
+        self._ticks += 1
+        pending = list(s.scalars(select(Decision).join(Job, Decision.job_id == Job.job_id).where(
+            Decision.status == "pending", Job.controller_id == self.controller_id)))
+        if not pending and self._ticks % SWEEP_EVERY_TICKS:
+            return
+        from .recovery import adopt_or_terminate_unknown, resolve_pending_decisions
+
+        cloud = list(self.provider.list_instances({TAG_CONTROLLER: self.controller_id}))
+        jobs = {j.job_id: j for j in self.store.jobs(s, controller_id=self.controller_id)}
+        resolve_pending_decisions(self, s, jobs, cloud, why="after a failed launch call", grace_s=DECISION_GRACE_S)
+        adopt_or_terminate_unknown(self, s, jobs, cloud)
 
     def _on_instance_change(
         self, s: Session, row: InstanceRow, state: InstanceState, interruption: str | None, terminated_at_s: float | None
@@ -397,7 +430,8 @@ class Controller:
         if budget is None:
             return False
         rate = accounting.burn_rate_usd_per_hour(rows, prices)
-        horizon_s = 3.0 * self.tick_s * self.clock_rate
+        # Until the guard runs again: a few ticks, or longer when ticks run slow (a throttled cloud).
+        horizon_s = max(3.0 * self.tick_s, 2.0 * self._last_tick_wall_s + self.tick_s) * self.clock_rate
         if job.cost_usd + rate * horizon_s / 3600.0 < budget:
             return False
         self._release_all(s, job, "budget guard")
@@ -516,26 +550,24 @@ class Controller:
                 s.commit()
                 continue
             _maybe_crash_after_launch()
-            self.record_instance(
-                s, job, inst.instance_id, key, market, decision.decision_id, inst.launched_at_s, o.gpus, inst.state.value
-            )
+            self.record_instance(s, job, inst, offering_key=key, market=market, decision_id=decision.decision_id)
             decision.status = "launched"
             decision.instance_id = inst.instance_id
             Store.note(s, job, "launched", f"{inst.instance_id} on {key} ({market})")
             s.commit()
 
     @staticmethod
-    def record_instance(
-        s: Session, job: Job, instance_id: str, key: str, market: str, decision_id: str, launched_at_s: float, gpus: int,
-        state: str = InstanceState.RUNNING.value,
-    ) -> InstanceRow:
-        row = s.get(InstanceRow, instance_id)
+    def record_instance(s: Session, job: Job, inst: Instance, *, offering_key: str, market: str, decision_id: str) -> InstanceRow:
+        """Record an instance the cloud reported (launched now, or found by tag after a crash)."""
+        row = s.get(InstanceRow, inst.instance_id)
         if row is not None and row.job_id != job.job_id:
-            raise ProviderError(f"instance id {instance_id} is already recorded for job {row.job_id}")
+            raise ProviderError(f"instance id {inst.instance_id} is already recorded for job {row.job_id}")
         if row is None:
             row = InstanceRow(
-                instance_id=instance_id, job_id=job.job_id, cloud=key.split("/")[0], offering_key=key, market=market,
-                gpus=gpus, state=state, decision_id=decision_id, launched_at_s=launched_at_s,
+                instance_id=inst.instance_id, job_id=job.job_id, cloud=offering_key.split("/")[0],
+                offering_key=offering_key, market=market, region=inst.region, tags_json=json.dumps(dict(inst.tags)),
+                gpus=gpus_of(offering_key), state=inst.state.value, decision_id=decision_id,
+                launched_at_s=inst.launched_at_s,
             )
             s.add(row)
         return row

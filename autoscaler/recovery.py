@@ -15,6 +15,7 @@ the answer. On start it
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,8 @@ log = logging.getLogger("spotrain.recovery")
 
 
 def resolve_pending_decisions(
-    ctl: "Controller", s: Session, jobs: Mapping[str, Job], cloud_instances: Iterable[Instance], *, why: str
+    ctl: "Controller", s: Session, jobs: Mapping[str, Job], cloud_instances: Iterable[Instance], *, why: str,
+    grace_s: float = 0.0,
 ) -> dict[str, int]:
     """Settle launch decisions of this controller's jobs that are still pending: adopt the instance that
     carries the decision's tag, or mark the decision failed when the cloud has none. Used at start-up
@@ -46,16 +48,44 @@ def resolve_pending_decisions(
         job = jobs[d.job_id]
         inst = by_decision.get(d.decision_id)
         if inst is not None:
-            ctl.record_instance(
-                s, job, inst.instance_id, d.offering_key, d.market, d.decision_id, inst.launched_at_s,
-                _gpus(d.offering_key), inst.state.value,
-            )
+            ctl.record_instance(s, job, inst, offering_key=d.offering_key, market=d.market, decision_id=d.decision_id)
             d.status, d.instance_id = "launched", inst.instance_id
             Store.note(s, job, "adopted", f"{inst.instance_id} from an unrecorded launch (decision {d.decision_id})")
             counts["adopted"] += 1
-        else:
+        elif time.time() - d.created_at >= grace_s:
             d.status, d.reason = "failed", f"no instance found for this decision {why}"
             counts["failed"] += 1
+    s.flush()
+    return counts
+
+
+def adopt_or_terminate_unknown(
+    ctl: "Controller", s: Session, jobs: Mapping[str, Job], cloud_instances: Iterable[Instance]
+) -> dict[str, int]:
+    """Live instances tagged with this controller that the database does not know (or knows for an
+    ended job): adopt those of live jobs, terminate the rest."""
+    counts = {"adopted": 0, "orphans_terminated": 0}
+    for inst in cloud_instances:
+        if not inst.alive:
+            continue
+        row = s.get(InstanceRow, inst.instance_id)
+        job = jobs.get(inst.tags.get(TAG_JOB, ""))
+        live = job is not None and not JobState(job.state).terminal
+        if row is None and live and job is not None:
+            ctl.record_instance(
+                s, job, inst, offering_key=inst.offering_key, market=inst.market,
+                decision_id=inst.tags.get(TAG_DECISION, ""),
+            )
+            Store.note(s, job, "adopted", f"{inst.instance_id} found by tag")
+            counts["adopted"] += 1
+        elif not live or (row is not None and row.state == InstanceState.TERMINATED.value):
+            # Orphans, and instances we released that the cloud still lists as alive: (re)terminate.
+            ctl.executor.stop(inst.instance_id)
+            ctl.provider.terminate(inst.instance_id)
+            if row is not None and row.state != InstanceState.TERMINATED.value:
+                row.state = InstanceState.TERMINATED.value
+                row.terminated_at_s = ctl.provider.now_s()
+            counts["orphans_terminated"] += 1
     s.flush()
     return counts
 
@@ -75,23 +105,9 @@ def recover(ctl: "Controller") -> dict[str, int]:
         s.flush()
 
         # 2. Instances in the cloud: adopt what belongs to live jobs, terminate orphans.
-        for inst in cloud_instances.values():
-            if not inst.alive:
-                continue
-            row = s.get(InstanceRow, inst.instance_id)
-            job = jobs.get(inst.tags.get(TAG_JOB, ""))
-            live = job is not None and not JobState(job.state).terminal
-            if row is None and live and job is not None:
-                ctl.record_instance(
-                    s, job, inst.instance_id, inst.offering_key, inst.market, inst.tags.get(TAG_DECISION, ""),
-                    inst.launched_at_s, _gpus(inst.offering_key), inst.state.value,
-                )
-                Store.note(s, job, "adopted", f"{inst.instance_id} found by tag")
-                counts["adopted"] += 1
-            elif not live:
-                ctl.executor.stop(inst.instance_id)
-                provider.terminate(inst.instance_id)
-                counts["orphans_terminated"] += 1
+        swept = adopt_or_terminate_unknown(ctl, s, jobs, cloud_instances.values())
+        counts["adopted"] += swept["adopted"]
+        counts["orphans_terminated"] += swept["orphans_terminated"]
 
         # 3. The database's view of instances vs the cloud's.
         for job in jobs.values():
@@ -121,10 +137,3 @@ def recover(ctl: "Controller") -> dict[str, int]:
     return counts
 
 
-
-def _gpus(offering_key: str) -> int:
-    """GPUs per instance from an offering key (``cloud/zone/type/ACCEL:N``)."""
-    try:
-        return max(1, int(offering_key.rsplit(":", 1)[1]))
-    except (IndexError, ValueError):
-        return 1

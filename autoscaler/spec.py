@@ -172,8 +172,10 @@ class Checkpoint(_Strict):
     def _scheme(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if not re.match(r"^(file|s3|gs)://.+", v):
-            raise ValueError(f"{v!r} must start with file://, s3:// or gs://")
+        if v.startswith("gs://"):
+            raise ValueError(f"{v!r}: gs:// checkpoint stores are not supported yet (use file:// or s3://)")
+        if not re.match(r"^(file:///|s3://[^/]).+", v):
+            raise ValueError(f"{v!r} must be file:///absolute/path or s3://bucket/prefix")
         return v.rstrip("/")
 
 
@@ -229,10 +231,15 @@ class JobSpec(_Strict):
 
 
 def _format_error(err: ValidationError) -> str:
-    e = err.errors()[0]
+    errors = err.errors()
+    # In a union (``simulate.scaling``) pydantic reports every branch; the most telling error is the
+    # deepest one that is about a value rather than about the branch's shape.
+    shape = {"literal_error", "missing", "extra_forbidden", "model_type", "dict_type"}
+    e = min(errors, key=lambda x: (x["type"] in shape if len(errors) > 1 else False, -len(x["loc"]))) if len(
+        {x["loc"][0] for x in errors}) == 1 else errors[0]
     loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "function-before")))
     # Pydantic puts union branch names in the location; drop them for a readable path.
-    loc = re.sub(r"\.(literal\[[^\]]*\]|SerialFraction|ProfileScaling|str|int|float|list\[.*?\])", "", loc)
+    loc = re.sub(r"\.(literal\[[^\]]*\]|SerialFraction|ProfileScaling|str|int|float|list\[.*?\])(?=\.|$)", "", loc)
     msg = e["msg"]
     msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
     if e["type"] == "extra_forbidden":

@@ -81,3 +81,10 @@ def test_help_is_fast() -> None:
     for cmd in ("run", "controller", "submit", "status", "logs", "cancel"):
         r = run_cli(cmd, "--help")
         assert r.returncode == 0 and "Usage" in r.stdout, (cmd, r.stderr)
+
+
+@pytest.mark.parametrize("url", ["nonsense://x", "sqlite:////nonexistent-dir/x.db"])
+def test_bad_database_url_is_one_line(spotrain_home: Path, url: str) -> None:
+    r = run_cli("status", env={"SPOTRAIN_DB_URL": url})
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "state database" in r.stderr

@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> Any:
     except OSError as exc:
         click.echo(f"spotrain: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
         sys.exit(1)
+    except Exception as exc:
+        if type(exc).__module__.startswith("sqlalchemy"):
+            # A bad SPOTRAIN_DB_URL or an unreadable database: one line, not a traceback.
+            first = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            click.echo(f"spotrain: the state database is not usable ({type(exc).__name__}: {first}); "
+                       "check SPOTRAIN_DB_URL and SPOTRAIN_HOME", err=True)
+            sys.exit(1)
+        raise
     except KeyboardInterrupt:
         click.echo("spotrain: interrupted", err=True)
         sys.exit(130)

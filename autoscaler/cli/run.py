@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 import uuid
@@ -42,6 +43,12 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
         store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
         controller_id=cloud_id, tick_s=0.25, clock_rate=setup.clock_rate,
     )
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM and SIGHUP end the embedded cloud as Ctrl-C does: no worker may outlive this command.
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
     ctl.start()
     job = ctl.submit(spec, workdir, scenario={"file": scenario_path} if scenario_path else None)
     job_id = job["job_id"]

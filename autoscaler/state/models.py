@@ -89,6 +89,9 @@ class InstanceRow(Base):
     cloud: Mapped[str] = mapped_column(String(16))
     offering_key: Mapped[str] = mapped_column(String(160))
     market: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str] = mapped_column(String(64), default="")
+    # The tags the cloud reported at launch (providers bill from them, e.g. AWS's launch-price tag).
+    tags_json: Mapped[str] = mapped_column(Text, default="{}")
     gpus: Mapped[int] = mapped_column(Integer, default=1)
     state: Mapped[str] = mapped_column(String(16), index=True)
     decision_id: Mapped[str] = mapped_column(String(80), index=True)
@@ -130,3 +133,47 @@ class Event(Base):
     from_state: Mapped[str] = mapped_column(String(24), default="")
     to_state: Mapped[str] = mapped_column(String(24), default="")
     reason: Mapped[str] = mapped_column(Text, default="")
+
+
+# ----- the remote executor's tables (autoscaler/remote_executor.py): workers on real instances -----
+
+
+class AgentAssignment(Base):
+    """What an instance's agent must run: the latest gang attempt assigned to it, the directive for
+    that attempt, and up to which attempt its workers must be killed."""
+
+    __tablename__ = "agent_assignments"
+
+    instance_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(80), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    launch_json: Mapped[str] = mapped_column(Text, default="")
+    notice_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    stop_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    assigned_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class AgentReport(Base):
+    """The latest report of an instance's agent (controller clock)."""
+
+    __tablename__ = "agent_reports"
+
+    instance_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="idle")
+    exit_codes_json: Mapped[str] = mapped_column(Text, default="{}")
+    notice_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    first_report_at: Mapped[float] = mapped_column(Float, default=time.time)
+    reported_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class AgentProgress(Base):
+    """Rank 0's last progress report per job, as its agent relayed it."""
+
+    __tablename__ = "agent_progress"
+
+    job_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    progress_json: Mapped[str] = mapped_column(Text, default="{}")
+    reported_at: Mapped[float] = mapped_column(Float, default=time.time)

@@ -164,22 +164,46 @@ class LocalExecutor:
     def stop(self, instance_id: str) -> None:
         idir = self._idir(instance_id)
         for adir in idir.glob("attempt-*"):
-            pid = self._agent_alive(adir)
-            if pid is None:
+            pids = self._processes_of(adir)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+            # Reap the agent if this process started it, so it does not linger as a zombie.
+            for pid in pids:
+                for _ in range(50):
+                    try:
+                        done, _ = os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if done:
+                        break
+                    time.sleep(0.01)
+
+    def _processes_of(self, adir: Path) -> list[int]:
+        """Every live process of an attempt: its agent and the agent's workers, found in /proc.
+
+        Found by what they carry, not only by the recorded pid: the agent may have died and left its
+        ranks running, or the controller may have crashed between starting the agent and recording its
+        pid. A worker is recognised by its notice-file path in its environment (unique per attempt), the
+        agent by its config path on its command line.
+        """
+        config = str(adir / "agent.json").encode()
+        notice = f"{ENV_NOTICE_FILE}={adir / 'notice.json'}".encode()
+        out = []
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
                 continue
             try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                if config in (p / "cmdline").read_bytes():
+                    out.append(int(p.name))
+                    continue
+                if notice in (p / "environ").read_bytes().split(b"\0"):
+                    out.append(int(p.name))
+            except OSError:
                 continue
-            # Reap it if it is our child (same process started it), so it does not linger as a zombie.
-            for _ in range(50):
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if done:
-                    break
-                time.sleep(0.01)
+        return out
 
     def rendezvous(self, instance_id: str) -> tuple[str, int]:
         # Every local instance is this machine: rank 0 listens on loopback.
@@ -193,17 +217,3 @@ class LocalExecutor:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
-
-    def reset_progress(self, job_id: str) -> None:
-        try:
-            os.unlink(self.progress_file(job_id))
-        except FileNotFoundError:
-            pass
-
-    def live_instance_ids(self) -> list[str]:
-        """Instances with a running agent (for orphan sweeps)."""
-        out = []
-        for idir in (self.root / "instances").iterdir():
-            if any(self._agent_alive(a) is not None for a in idir.glob("attempt-*")):
-                out.append(idir.name)
-        return out

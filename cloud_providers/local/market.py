@@ -14,6 +14,7 @@ import bisect
 import csv
 import dataclasses
 import io
+import math
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -147,6 +148,8 @@ class MarketTrace:
                 avail = int(rec["spot_available"]) if rec["spot_available"] else 0
             except ValueError as exc:
                 raise TraceError(f"{source}: line {lineno}: {exc}") from None
+            if not all(math.isfinite(x) for x in (t, od, spot if spot is not None else 1.0)):
+                raise TraceError(f"{source}: line {lineno}: times and prices must be finite numbers")
             if t < 0 or gpus < 1 or od <= 0 or avail < 0 or (spot is not None and spot <= 0):
                 raise TraceError(f"{source}: line {lineno}: negative or zero value")
             s = _Series(rec["cloud"], rec["region"], rec["zone"], rec["instance_type"], rec["accelerator"], gpus, [], [])

@@ -237,6 +237,10 @@ class LocalProvider:
             for rec in self._state["instances"].values():
                 if rec["state"] == InstanceState.NOTICE.value and wall >= rec["notice_deadline_wall"]:
                     self._kill(rec)
+                    # The cloud took it back when the notice ran out, even if nobody polled then (a
+                    # controller that was down): the bill ends at that moment.
+                    due_s = self._state["offset_s"] + (rec["notice_deadline_wall"] - self._state["t0_wall"]) * self.time_scale
+                    rec["terminated_at_s"] = min(rec["terminated_at_s"], due_s)
                     changed[rec["instance_id"]] = rec
             # 2. Scripted scenario events.
             fired = set(self._state["fired"])
