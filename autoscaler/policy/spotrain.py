@@ -68,10 +68,22 @@ SPOT_CANDIDATES = 4
 OD_CANDIDATES = 2
 # With slack to spare, wait for a spot offering this much cheaper (per unit of work) than the best
 # one with room now.
-WAIT_PREMIUM = 0.15
+WAIT_PREMIUM = 0.05
+# ... and only when its mean outage, this many times over (outages are heavy-tailed), still leaves the
+# slack above the reserve.
+OUTAGE_MARGIN = 2.0
+# On-demand is left for spot with less slack than a full cycle only for a run at least this old (hours).
+ESTABLISHED_RUN_H = 2.0
 # A running spot gang moves to a cheaper spot offering only when the expected saving pays this many
 # restarts.
 SWITCH_MARGIN = 3.0
+# ... and only while the slack after that restart stays this many restart cycles (d + lag) above the
+# reserve: a move is a restart the job would not otherwise take, and under a tight deadline the
+# slack it spends is what later keeps the job off on-demand.
+SWITCH_CUSHION_CYCLES = 4.0
+# Float tolerance (seconds) on the slack: a gang that entered spot with exactly the Safety Net's
+# slack must not be moved off it by rounding.
+SLACK_TOLERANCE_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,7 +433,7 @@ def plan_job(
     reason = "best goodput per dollar"
     if mode == "safety-net":
         slack_now = (deadline - now) - w_rem / fallback_rate  # type: ignore[operator]
-        keep_spot = [c for c in scored if c.placements == cur and not job.restarting and c.rate >= fallback_rate - 1e-12 and slack_now >= d + lag + lost_s]
+        keep_spot = [c for c in scored if c.placements == cur and not job.restarting and c.rate >= fallback_rate - 1e-12 and slack_now >= d + lag + lost_s - SLACK_TOLERANCE_S]
         allowed = keep_spot or [c for c in scored if all_od(c) and c.rate >= fallback_rate - 1e-12]
         reason = "safety net: slack below 2 x restart overhead"
     elif mode == "behind":
@@ -432,7 +444,17 @@ def plan_job(
         # Leaving on-demand for spot costs a restart now and one more when preempted: only while the
         # slack still covers that cycle beyond the Safety Net, and the spot life is worth it (5.4).
         cycle_ok = slack_left >= safety + 2.0 * d + lag
-        spot_fast = [c for c in fast if is_spot(c) and (not on_od or (cycle_ok and _life_ok(c, hazards_all, d, k, from_od=True)))]
+        # ... or, with less slack, while it covers one more restart beyond the Safety Net, for a spot
+        # run that has lasted ESTABLISHED_RUN_H already (Lindy: an old run is the one likely to
+        # outlast the restarts; on-demand keeps the slack, so sitting there to the end wastes it).
+        last_try_ok = slack_left >= safety + lag
+
+        def established(c: Candidate) -> bool:
+            ages = [_age_h(inp.history.get(p.offering_key), now) for p in c.placements if p.market == SPOT]
+            return all(a is not None and a >= ESTABLISHED_RUN_H for a in ages)
+
+        spot_fast = [c for c in fast if is_spot(c) and (not on_od or (
+            (cycle_ok or (last_try_ok and established(c))) and _life_ok(c, hazards_all, d, k, from_od=True)))]
         allowed = spot_fast + [c for c in fast if not is_spot(c)] if spot_fast else [c for c in fast if not is_spot(c)] or fast
         reason = "slack at the reserve: progress now (spot if any)"
     elif mode == "ahead":
@@ -447,7 +469,7 @@ def plan_job(
             cheaper = [(views[o.key].mean_outage_s, o) for o in usable if o.key in views and o.spot_price_usd_per_hour is not None
                        and _spot_price_per_work(o, scaling) < best_now / (1.0 + WAIT_PREMIUM)]
             wait_s = min((w for w, _ in cheaper), default=math.inf)
-            if slack_now - wait_s > reserve_now + 2.0 * d + lag:
+            if slack_now - OUTAGE_MARGIN * wait_s > reserve_now + 2.0 * d + lag:
                 allowed = []
                 reason = "slack above the reserve: waiting for a cheaper spot offering"
                 wake = min(wake if wake is not None else math.inf, now + max(lag, wait_s))
@@ -489,8 +511,8 @@ def plan_job(
         # Only a faster gang, or a much cheaper spot offering whose saving over its expected life
         # pays for two restarts (this one and the risk of its fresh run), may replace it.
         k0 = keep[0]
-        # The restart spends slack: only while it stays above the reserve.
-        room_ok = deadline is None or (mode == "ahead" and slack_now - d - lag > reserve_now)
+        # The restart spends slack: only while it stays well above the reserve (SWITCH_CUSHION_CYCLES).
+        room_ok = deadline is None or (mode == "ahead" and slack_now - d - lag > reserve_now + SWITCH_CUSHION_CYCLES * (d + lag))
         movers = [c for c in allowed if c is not k0 and (
             (c.rate > k0.rate * (1 + 1e-9) and c.score > k0.score)
             or (room_ok and all(p.market == SPOT for p in c.placements) and c.rate >= k0.rate * (1 - 1e-9)

@@ -166,3 +166,23 @@ def test_running_spot_gang_is_not_moved_for_a_guess() -> None:
     cheaper = [dataclasses.replace(o, spot_price_usd_per_hour=dearest.spot_price_usd_per_hour * 0.97) if o in v100 and o != dearest else o for o in offers]
     a = _decide(job, cheaper, 3600)
     assert [(p.offering_key, p.market) for p in a.placements] == [(dearest.key, SPOT)]
+
+
+def test_leaves_on_demand_for_an_established_run_only_when_slack_is_short() -> None:
+    """With slack for one more restart beyond the Safety Net but not a full cycle, a job on demand
+    goes back to spot only for a run that has lasted a while (Lindy), not for one that just began."""
+    from autoscaler.policy import MarketHistory
+
+    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws"]}, objective={"deadline": "24h"},
+                     simulate={"work_gpu_hours": 22.5})
+    old = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 1, 3.06, 0.95, spot_available=2)
+    new = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge", "V100", 1, 3.06, 0.90, spot_available=2)
+    now = 3600.0  # 23 h left, 22.5 h of work: 30 min of slack, d = 12 min
+    job = JobView("o", spec, submitted_s=0, progress=0.0, held=(Held(old.key, ON_DEMAND, 1),), restart_overhead_s=720)
+    hist = {old.key: MarketHistory(old.key, available_since_s=now - 3 * 3600), new.key: MarketHistory(new.key, available_since_s=now - 600)}
+    pol = get_policy("default")
+    a = pol.decide(PolicyInput(now_s=now, jobs=[job], offerings=[old, new], history=hist))[0]
+    assert [(p.offering_key, p.market) for p in a.placements] == [(old.key, SPOT)]
+    only_fresh = [dataclasses.replace(old, spot_available=0), new]
+    b = pol.decide(PolicyInput(now_s=now, jobs=[job], offerings=only_fresh, history=hist))[0]
+    assert [(p.offering_key, p.market) for p in b.placements] == [(old.key, ON_DEMAND)]
