@@ -14,6 +14,9 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
+from .api_agents import agent_router_for
+from cloud_providers.errors import ProviderError
+
 from .controller import Controller
 from .errors import ApiError, JobNotFound, SpecError
 from .logs import job_logs
@@ -83,6 +86,10 @@ def create_app(controller: Controller, token: str) -> FastAPI:
             return controller.cancel(ref)
         except JobNotFound as exc:
             raise not_found(exc) from None
+        except ApiError as exc:
+            raise HTTPException(status_code=exc.status, detail=str(exc)) from None
+        except ProviderError as exc:
+            raise HTTPException(status_code=503, detail=f"the cloud refused to release the job's instances: {exc}") from None
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> str:
@@ -90,4 +97,5 @@ def create_app(controller: Controller, token: str) -> FastAPI:
 
         return render_metrics(controller.store)
 
+    app.include_router(agent_router_for(controller))
     return app

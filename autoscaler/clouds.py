@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from cloud_providers.base import Provider
 from cloud_providers.executor import Executor
@@ -17,6 +18,8 @@ from cloud_providers.local.provider import DEFAULT_TIME_SCALE, LocalProvider
 from cloud_providers.local.scenario import Scenario
 
 from .home import localcloud_dir
+from .remote_executor import DEFAULT_MASTER_PORT
+from .state import Store
 
 
 @dataclasses.dataclass
@@ -50,9 +53,51 @@ def local_cloud(
     return CloudSetup(provider, executor, provider.time_scale)
 
 
-def make_cloud(cloud: str, *, cloud_id: str, executor: str = "local") -> CloudSetup:
+def remote_cloud(
+    cloud: str, *, cloud_id: str, store: Store, advertise_url: str, rendezvous_port: int = DEFAULT_MASTER_PORT,
+) -> CloudSetup:
+    """A real cloud whose instances run their own agent (``--executor remote``): the user data of each
+    instance carries the agent config (controller URL, the instance's agent credential, notice sources)."""
+    if cloud != "aws":
+        raise ValueError(f"--executor remote needs a real cloud with agents on its instances (aws), not {cloud!r}")
+    from cloud_providers.aws import make_provider  # lazily: boto3 is only needed for AWS
+    from cloud_providers.base import TAG_JOB, LaunchRequest
+    from cloud_providers.remote.config import NOTICE_SOURCE_AWS, AgentConfig
+
+    from .remote_executor import AgentGatedProvider, RemoteExecutor, agent_credential, ensure_agent_token
+
+    try:
+        AgentConfig(controller_url=advertise_url, agent_credential="d:x", decision_id="d")
+    except ValueError:
+        raise ValueError(f"--advertise-url: {advertise_url!r} is not an http(s) URL the instances can reach") from None
+    token = ensure_agent_token()
+
+    def boot_config_for(request: LaunchRequest) -> dict[str, Any]:
+        return AgentConfig(
+            controller_url=advertise_url, agent_credential=agent_credential(token, request.decision_id),
+            decision_id=request.decision_id, job_id=request.tags.get(TAG_JOB), controller_id=cloud_id,
+            notice_sources=(NOTICE_SOURCE_AWS,),
+        ).to_json()
+
+    executor = RemoteExecutor(store, agent_token=token, master_port=rendezvous_port)
+    provider = AgentGatedProvider(make_provider(controller_id=cloud_id, boot_config_for=boot_config_for), executor)
+    executor.address_of = provider.address_of
+    return CloudSetup(provider, executor, 1.0)
+
+
+def make_cloud(
+    cloud: str, *, cloud_id: str, executor: str = "local", store: Store | None = None,
+    advertise_url: str | None = None, rendezvous_port: int = DEFAULT_MASTER_PORT,
+) -> CloudSetup:
+    """``executor``: ``local`` (workers as processes on this machine) or ``remote`` (each instance's
+    agent runs them; needs the controller's ``store`` and the ``advertise_url`` agents reach it on)."""
+    if executor == "remote":
+        if store is None or not advertise_url:
+            raise ValueError("--executor remote needs the controller's database and an advertised URL")
+        return remote_cloud(cloud, cloud_id=cloud_id, store=store, advertise_url=advertise_url,
+                            rendezvous_port=rendezvous_port)
     if executor != "local":
-        raise ValueError(f"unknown executor {executor!r} (only 'local' runs workers on this machine)")
+        raise ValueError(f"unknown executor {executor!r} (choose local or remote)")
     if cloud == "local":
         return local_cloud(cloud_id)
     if cloud == "aws":

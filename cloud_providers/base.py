@@ -100,6 +100,8 @@ class Instance:
     notice_deadline_s: float | None = None
 
     offering_key: str = ""
+    # The private network address the instance's workers rendezvous on, when the cloud reports one.
+    address: str | None = None
 
     @property
     def alive(self) -> bool:

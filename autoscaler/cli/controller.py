@@ -18,13 +18,19 @@ def controller_command() -> None:
 
 @controller_command.command("start")
 @click.option("--cloud", type=click.Choice(["local", "aws", "gcp"]), default="local", show_default=True)
-@click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
-              help="Run each instance's workers as local processes.")
+@click.option("--executor", type=click.Choice(["local", "remote"]), default="local", show_default=True,
+              help="local: run each instance's workers as processes on this machine (local cloud, moto). "
+                   "remote: each cloud instance runs the spotrain agent, which runs its workers.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8470, show_default=True, help="0 picks a free port.")
 @click.option("--tick", "tick_s", type=float, default=0.5, show_default=True, help="Reconcile interval, seconds.")
 @click.option("--id", "controller_id", default=None, help="Controller id (default: controller-<cloud>).")
-def start(cloud: str, executor: str, host: str, port: int, tick_s: float, controller_id: str | None) -> None:
+@click.option("--advertise-url", default=None,
+              help="URL the instance agents reach this controller on (--executor remote; default: the bound URL).")
+@click.option("--rendezvous-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
+              help="torch.distributed port on each gang's first instance (--executor remote).")
+def start(cloud: str, executor: str, host: str, port: int, tick_s: float, controller_id: str | None,
+          advertise_url: str | None, rendezvous_port: int) -> None:
     """Start the controller in the foreground; it serves until SIGTERM/SIGINT."""
     import uvicorn
 
@@ -39,8 +45,21 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = ensure_token()
     cid = controller_id or f"controller-{cloud}"
+    # Bound first: with --executor remote, the instances' user data carries the controller's address.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        setup = make_cloud(cloud, cloud_id=cid, executor=executor)
+        sock.bind((host, port))
+    except OSError as exc:
+        raise SpotrainError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    actual_port = sock.getsockname()[1]
+    url = f"http://{host}:{actual_port}"
+    if executor == "remote" and advertise_url is None and host in ("0.0.0.0", "::"):
+        raise SpotrainError(f"--advertise-url is required with --host {host}: instances cannot reach {url}")
+    store = Store(db_url())
+    try:
+        setup = make_cloud(cloud, cloud_id=cid, executor=executor, store=store, advertise_url=advertise_url or url,
+                           rendezvous_port=rendezvous_port)
     except ValueError as exc:
         raise SpotrainError(str(exc)) from None
     from cloud_providers.errors import CredentialsError, ProviderError
@@ -52,17 +71,8 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"{cloud}: {exc}") from None
     except ProviderError as exc:
         raise SpotrainError(f"{cloud}: cannot list offerings: {exc}") from None
-    store = Store(db_url())
     ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                      controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        raise SpotrainError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    actual_port = sock.getsockname()[1]
-    url = f"http://{host}:{actual_port}"
     ctl.start()
     write_controller_info(url, os.getpid())
     click.echo(f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {store.url})", err=True)

@@ -108,4 +108,5 @@ def to_instance(
         interruption=interruption,
         notice_deadline_s=deadline,
         offering_key=key,
+        address=str(record["PrivateIpAddress"]) if record.get("PrivateIpAddress") else None,
     )

@@ -8,7 +8,10 @@ operator (interpreter, package, agent module) that only names that file. cloud-i
 runs the user's commands as its own child processes.
 
 The document is written as JSON, which is also YAML, so no YAML emitter decides our quoting.
-User data is readable by anyone allowed ``ec2:DescribeInstanceAttribute``: never put secrets here.
+User data is readable by anyone allowed ``ec2:DescribeInstanceAttribute``. With ``--executor remote``
+the config carries the instance's agent credential (``autoscaler/remote_executor.py``): it is bound to
+that one launch decision, so reading it exposes that instance's agent endpoints only, never the
+controller's tokens (docs/aws.md, "Workers on real instances"). Put nothing else secret here.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class AgentBoot:
 
     python: str = DEFAULT_PYTHON
     package: str = "spotrain"
-    agent_module: str = "runtime.agent"
+    agent_module: str = "cloud_providers.remote.agent"
     unit_name: str = "spotrain-agent"
 
     def __post_init__(self) -> None:

@@ -1,21 +1,37 @@
-"""The local instance agent: one detached process per (instance, attempt) that runs its ranks.
+"""Running one instance's share of a gang: ``Gang`` (shared), and the local instance agent.
 
-Started by ``LocalExecutor`` in a new session, so the workers outlive the controller (a controller
-crash must not kill training) and the whole machine can be killed at once with ``killpg``. It runs the
-job's ``setup`` once per instance, starts one ``bash -c <run>`` per local rank (the user's own command,
-given as one argument, never spliced into another shell string), forwards SIGTERM to them (a notice
-source of the runtime), and records each rank's exit code in a file as it happens.
+``Gang`` is how spotrain starts a job's workers on a machine, wherever that machine is: it runs the job's
+``setup`` once per instance (a marker file remembers it), then one ``bash -c <run>`` per local rank (the
+user's own command, given as one argument, never spliced into another shell string) with the worker
+protocol's environment, and collects each rank's exit code as it happens. It never blocks, so an agent
+can keep talking to its controller while a long ``setup`` runs. Two agents use it:
+
+- the local agent below: one detached process per (instance, attempt), started by ``LocalExecutor`` in
+  a new session, so the workers outlive the controller (a controller crash must not kill training) and
+  the whole "machine" can be killed at once with ``killpg``. It forwards SIGTERM to the ranks (a
+  notice source of the runtime) and records each rank's exit code in a file;
+- the instance agent on a real cloud machine (``cloud_providers/remote/agent.py``), which puts the
+  ranks in a process group of their own so that a stop order kills them (and anything they spawned)
+  without killing the agent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
+
+PHASE_IDLE = "idle"
+PHASE_SETUP = "setup"
+PHASE_RUNNING = "running"
+PHASE_EXITED = "exited"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -24,63 +40,196 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _code(rc: int) -> int:
+def exit_code(rc: int) -> int:
+    """Popen's return code as a shell reports it (128+N for signal N)."""
     return 128 - rc if rc < 0 else rc
 
 
-def main(config_path: str) -> int:
-    cfg = json.loads(Path(config_path).read_text())
-    adir = Path(cfg["attempt_dir"])
-    children: dict[int, subprocess.Popen[bytes]] = {}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GangLaunch:
+    """What one machine runs for one gang attempt. ``env`` is the whole base environment of the ranks
+    (the caller decides what it inherits); the rank variables are added per rank."""
 
-    def forward(signum: int, _frame: object) -> None:
-        for p in children.values():
+    attempt: int
+    run: str
+    setup: str | None
+    cwd: str
+    ranks: Sequence[int]
+    world_size: int
+    master_addr: str
+    master_port: int
+    env: Mapping[str, str]
+    log_dir: Path
+    setup_marker: Path
+    setup_log: Path
+    # Ranks (and setup) in process groups of their own, so ``kill`` reaches their children too.
+    own_process_group: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ValueError("a gang launch needs at least one rank")
+        if self.world_size < len(self.ranks):
+            raise ValueError(f"world_size {self.world_size} is smaller than the {len(self.ranks)} local ranks")
+
+
+class Gang:
+    """The ranks of one gang attempt on one machine: setup once, then one process per local rank."""
+
+    def __init__(self, launch: GangLaunch) -> None:
+        self.launch = launch
+        self.phase = PHASE_IDLE
+        self.exit_codes: dict[int, int] = {}
+        self.setup_failed = False
+        self._setup: subprocess.Popen[bytes] | None = None
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._pgid: int | None = None
+
+    # ----- starting -----
+    def _popen(self, argv: list[str], env: Mapping[str, str], log: IO[bytes], *, group: int | None) -> subprocess.Popen[bytes]:
+        # process_group=0 makes a new group led by the child; None leaves it in the caller's group.
+        pgroup = (0 if group is None else group) if self.launch.own_process_group else None
+        return subprocess.Popen(argv, cwd=self.launch.cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, process_group=pgroup)
+
+    def start(self) -> None:
+        """Start the setup (if this machine has not run it yet) or the ranks. Never blocks."""
+        if self.phase != PHASE_IDLE:
+            return
+        self.launch.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.launch.setup and not self.launch.setup_marker.exists():
+            self.launch.setup_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.launch.setup_log, "ab") as log:
+                self._setup = self._popen(["bash", "-c", self.launch.setup], self.launch.env, log, group=None)
+            self.phase = PHASE_SETUP
+            return
+        self._start_ranks()
+
+    def _start_ranks(self) -> None:
+        la = self.launch
+        group: int | None = None
+        for local, r in enumerate(la.ranks):
+            env = {
+                **la.env,
+                "RANK": str(r),
+                "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(len(la.ranks)),
+                "WORLD_SIZE": str(la.world_size),
+                "MASTER_ADDR": la.master_addr,
+                "MASTER_PORT": str(la.master_port),
+            }
+            with open(la.log_dir / f"attempt-{la.attempt}-rank-{r}.log", "ab") as log:
+                proc = self._popen(["bash", "-c", la.run], env, log, group=group)
+            self._children[r] = proc
+            if la.own_process_group and group is None:
+                group = self._pgid = proc.pid
+        self.phase = PHASE_RUNNING
+
+    def fail(self, code: int) -> None:
+        """Record that the ranks could not be started at all (every rank exits with ``code``)."""
+        self.kill()
+        self.exit_codes = {r: code for r in self.launch.ranks}
+        self.phase = PHASE_EXITED
+
+    # ----- watching -----
+    def poll(self) -> bool:
+        """Advance (setup finished -> start the ranks; record exits). True once every rank has exited."""
+        if self.phase == PHASE_SETUP and self._setup is not None:
+            rc = self._setup.poll()
+            if rc is None:
+                return False
+            self._setup = None
+            if rc != 0:
+                self.setup_failed = True
+                self.exit_codes = {r: exit_code(rc) for r in self.launch.ranks}
+                self.phase = PHASE_EXITED
+                return True
+            self.launch.setup_marker.parent.mkdir(parents=True, exist_ok=True)
+            self.launch.setup_marker.write_text("ok")
+            self._start_ranks()
+        if self.phase == PHASE_RUNNING:
+            for r, p in self._children.items():
+                if r not in self.exit_codes:
+                    rc = p.poll()
+                    if rc is not None:
+                        self.exit_codes[r] = exit_code(rc)
+            if len(self.exit_codes) == len(self._children):
+                self.phase = PHASE_EXITED
+        return self.phase == PHASE_EXITED
+
+    # ----- signalling -----
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to every running rank (SIGTERM is a notice source of the runtime)."""
+        for p in self._children.values():
             if p.poll() is None:
                 try:
                     p.send_signal(signum)
                 except ProcessLookupError:
                     pass
 
-    signal.signal(signal.SIGTERM, forward)
+    def kill(self, *, timeout_s: float = 10.0) -> None:
+        """SIGKILL the setup and every rank (their whole process groups when they have their own) and
+        wait for them, so a port or a GPU they held is free when this returns."""
+        procs = [p for p in [self._setup, *self._children.values()] if p is not None]
+        groups = {self._pgid} if self._pgid else set()
+        if self._setup is not None and self.launch.own_process_group:
+            groups.add(self._setup.pid)
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._setup = None
+        self.poll()
+        for r in self.launch.ranks:
+            self.exit_codes.setdefault(r, exit_code(-signal.SIGKILL))
+        self.phase = PHASE_EXITED
 
-    setup = cfg.get("setup")
-    marker = Path(cfg["instance_dir"]) / "setup.done"
-    if setup and not marker.exists():
-        with open(Path(cfg["log_dir"]) / f"setup-{cfg['instance_id']}.log", "ab") as log:
-            rc = subprocess.call(["bash", "-c", setup], cwd=cfg["cwd"], stdout=log, stderr=subprocess.STDOUT,
-                                 env={**os.environ, **cfg["env"]})
-        if rc != 0:
-            for r in cfg["ranks"]:
-                _write_atomic(adir / f"exit-{r}", str(_code(rc)))
-            _write_atomic(adir / "done", "setup failed")
-            return 0
-        marker.write_text("ok")
 
-    for r, local in zip(cfg["ranks"], range(len(cfg["ranks"]))):
-        env = {
-            **os.environ,
-            **cfg["env"],
-            "RANK": str(r),
-            "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(len(cfg["ranks"])),
-            "WORLD_SIZE": str(cfg["world_size"]),
-            "MASTER_ADDR": cfg["master_addr"],
-            "MASTER_PORT": str(cfg["master_port"]),
-        }
-        log = open(Path(cfg["log_dir"]) / f"attempt-{cfg['attempt']}-rank-{r}.log", "ab")
-        children[r] = subprocess.Popen(["bash", "-c", cfg["run"]], cwd=cfg["cwd"], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT)
-        log.close()
-
-    pending = dict(children)
-    while pending:
-        for r, p in list(pending.items()):
-            rc = p.poll()
-            if rc is not None:
-                _write_atomic(adir / f"exit-{r}", str(_code(rc)))
-                del pending[r]
+def main(config_path: str) -> int:
+    """The local agent: run one (instance, attempt) to the end, recording exits in files."""
+    cfg = json.loads(Path(config_path).read_text())
+    adir = Path(cfg["attempt_dir"])
+    gang = Gang(
+        GangLaunch(
+            attempt=int(cfg["attempt"]),
+            run=cfg["run"],
+            setup=cfg.get("setup"),
+            cwd=cfg["cwd"],
+            ranks=[int(r) for r in cfg["ranks"]],
+            world_size=int(cfg["world_size"]),
+            master_addr=cfg["master_addr"],
+            master_port=int(cfg["master_port"]),
+            env={**os.environ, **cfg["env"]},
+            log_dir=Path(cfg["log_dir"]),
+            setup_marker=Path(cfg["instance_dir"]) / "setup.done",
+            setup_log=Path(cfg["log_dir"]) / f"setup-{cfg['instance_id']}.log",
+        )
+    )
+    signal.signal(signal.SIGTERM, lambda signum, _frame: gang.send_signal(signum))
+    gang.start()
+    written: set[int] = set()
+    while True:
+        done = gang.poll()
+        for r, code in gang.exit_codes.items():
+            if r not in written:
+                _write_atomic(adir / f"exit-{r}", str(code))
+                written.add(r)
+        if done:
+            break
         time.sleep(0.05)
-    _write_atomic(adir / "done", "ok")
+    _write_atomic(adir / "done", "setup failed" if gang.setup_failed else "ok")
     return 0
 
 

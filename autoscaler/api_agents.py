@@ -1,0 +1,63 @@
+"""The agents' HTTP endpoints: instance agents fetch their assignment and report their workers.
+
+Included in the controller's app (``api.py``) when it runs with ``--executor remote``; otherwise the
+router is empty. Authentication is separate from the user API: an agent presents the credential of its
+own launch decision (``remote_executor.agent_credential``), and the controller maps the decision to the
+instance it launched, so an agent reads and writes nothing but its own instance's assignment and
+reports. The user API token is never accepted here, nor an agent credential on the user API.
+
+Wire format: ``cloud_providers/remote/wire.py``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Body, HTTPException, Request
+
+from cloud_providers.remote.wire import ASSIGNMENT_PATH, REPORT_PATH, Report, WireError
+
+from .remote_executor import AgentLookupError, RemoteExecutor, decision_of
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+
+def agent_router(executor: RemoteExecutor) -> APIRouter:
+    router = APIRouter(tags=["agents"])
+
+    def identify(request: Request, claimed_instance_id: str | None) -> str:
+        got = request.headers.get("authorization", "")
+        credential = got[len("Bearer "):] if got.startswith("Bearer ") else ""
+        decision_id = decision_of(executor.agent_token, credential) if credential else None
+        if decision_id is None:
+            raise HTTPException(status_code=401, detail="invalid or missing agent credential")
+        try:
+            return executor.instance_for(decision_id, claimed_instance_id)
+        except AgentLookupError as exc:
+            raise HTTPException(status_code=exc.status, detail=str(exc)) from None
+
+    @router.get(ASSIGNMENT_PATH)
+    def assignment(request: Request, instance_id: str | None = None) -> dict[str, Any]:
+        """The caller's assignment: latest attempt, its directive, and the stop order."""
+        return executor.assignment(identify(request, instance_id)).to_json()
+
+    @router.post(REPORT_PATH)
+    def report(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        """Record the caller's report; answers with its current assignment."""
+        try:
+            parsed = Report.from_json(body)
+        except WireError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        instance_id = identify(request, parsed.instance_id)
+        executor.record_report(instance_id, parsed)
+        return executor.assignment(instance_id).to_json()
+
+    return router
+
+
+def agent_router_for(controller: "Controller") -> APIRouter:
+    """The agents' endpoints when the controller's executor is remote, else an empty router."""
+    if isinstance(controller.executor, RemoteExecutor):
+        return agent_router(controller.executor)
+    return APIRouter()

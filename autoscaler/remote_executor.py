@@ -1,0 +1,459 @@
+"""The remote executor: workers on real cloud instances, run by each instance's own agent.
+
+The controller cannot start processes on an EC2 machine; the instance's agent
+(``cloud_providers/remote/agent.py``) does, and it talks to the controller over HTTP
+(``autoscaler/api_agents.py``). This executor is the controller's side of that conversation, kept in
+the controller's database so that a restarted controller carries on where the last one stopped:
+
+- ``start`` stores the attempt's assignment for the instance (``agent_assignments``);
+- ``status`` reads the instance's latest agent report (``agent_reports``); an agent silent for more
+  than ``lost_after_s`` counts as LOST (measured from its last report, the assignment, or this
+  controller's start, whichever is latest, so a controller restart does not make every agent look dead);
+- ``notify`` stores a directive for the running attempt, ``stop`` orders the agent to kill its workers;
+- ``progress`` is rank 0's last progress as its agent relayed it (``agent_progress``);
+- ``rendezvous`` is the first member's private address, as its agent reported it or else as the cloud
+  does (``Instance.address``), and a fixed port (the security group must allow it between instances).
+
+``AgentGatedProvider`` wraps the cloud's provider so that the controller's view of an instance includes
+what its agent says: an instance is not RUNNING (ready for a gang) until its agent has checked in, and a
+spot notice the agent read from the instance metadata makes it NOTICE even before the cloud's API shows
+one. An instance whose agent never checks in within ``boot_timeout_s`` is terminated (its boot failed).
+
+Storage: the tables are the controller's (``state/models.py``), in an engine of the executor's own.
+The controller calls ``notify`` and ``stop`` in the middle of a tick whose session already holds
+SQLite's single write lock, so with SQLite the agent tables live in a sibling file
+(``spotrain-agents.db`` beside ``spotrain.db``); with a server database (PostgreSQL, ...) they share the
+controller's URL, since row locks on other tables do not conflict.
+
+Agent credentials: one agent token per controller (``agent-token`` in SPOTRAIN_HOME, mode 0600); each
+instance gets ``<decision_id>:<HMAC(token, decision_id)>`` in its user data, so a leaked user data
+exposes one instance's agent, never the controller's token or the user API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.engine.url import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
+from cloud_providers.errors import ProviderError
+from cloud_providers.executor import GangState, WorkerLaunch, WorkerStatus
+from cloud_providers.remote.wire import (
+    STATE_EXITED,
+    STATE_IDLE,
+    STATE_STOPPED,
+    Assignment,
+    RankAssignment,
+    Report,
+)
+
+from .home import home
+from .state import InstanceRow, Store
+from .state.models import AgentAssignment, AgentProgress, AgentReport
+
+log = logging.getLogger("spotrain.remote")
+
+DEFAULT_MASTER_PORT = 29500
+AGENT_TOKEN_FILE = "agent-token"
+
+
+# ----- agent credentials ---------------------------------------------------------------------------
+def agent_token_path() -> Path:
+    return home() / AGENT_TOKEN_FILE
+
+
+def ensure_agent_token() -> str:
+    """The controller's agent token (separate from the user API token), created mode 0600 if absent."""
+    p = agent_token_path()
+    if p.exists():
+        return p.read_text().strip()
+    tok = secrets.token_urlsafe(32)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(tok + "\n")
+    return tok
+
+
+def _mac(token: str, decision_id: str) -> str:
+    return hmac.new(token.encode(), b"spotrain-agent:" + decision_id.encode(), hashlib.sha256).hexdigest()
+
+
+def agent_credential(token: str, decision_id: str) -> str:
+    """The credential one instance's agent presents: valid for that launch decision only."""
+    return f"{decision_id}:{_mac(token, decision_id)}"
+
+
+def decision_of(token: str, credential: str) -> str | None:
+    """The decision id a credential was issued for, or None if it was not issued with ``token``."""
+    decision_id, sep, mac = credential.rpartition(":")
+    if not sep or not decision_id:
+        return None
+    return decision_id if hmac.compare_digest(mac.encode(), _mac(token, decision_id).encode()) else None
+
+
+# ----- storage -------------------------------------------------------------------------------------
+AGENT_TABLES = [AgentAssignment.__table__, AgentReport.__table__, AgentProgress.__table__]
+
+
+def agent_db_url(controller_db_url: str) -> str:
+    """Where the agent tables live: beside a SQLite database file, else in the same database."""
+    url = make_url(controller_db_url)
+    if url.get_backend_name() != "sqlite":
+        return controller_db_url
+    if not url.database or url.database == ":memory:":
+        raise ValueError(f"the remote executor needs a database file, not {controller_db_url!r}")
+    path = Path(url.database)
+    return str(url.set(database=str(path.with_name(path.stem + "-agents" + (path.suffix or ".db")))))
+
+
+class AgentTables:
+    """Sessions over the agent tables (their own engine, see the module doc)."""
+
+    def __init__(self, url: str) -> None:
+        self.engine: Engine = create_engine(url, future=True)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        AgentAssignment.metadata.create_all(self.engine, tables=AGENT_TABLES)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+# ----- errors the agent API maps to HTTP -------------------------------------------------------------
+class AgentLookupError(Exception):
+    status = 400
+
+
+class InstanceNotYetKnown(AgentLookupError):
+    """The controller has not recorded an instance for this decision yet (the agent retries)."""
+
+    status = 404
+
+
+class InstanceTerminated(AgentLookupError):
+    """The instance is terminated in the controller's records: its agent should stop and exit."""
+
+    status = 410
+
+
+class WrongInstance(AgentLookupError):
+    """The agent claims an instance id other than the one its decision launched."""
+
+    status = 403
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSeen:
+    """What the controller knows of an instance's agent (for the provider overlay)."""
+
+    reported_at: float
+    notice: Mapping[str, Any] | None
+    address: str | None
+
+
+def _loads(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+class RemoteExecutor:
+    """``cloud_providers.executor.Executor`` for workers run by instance agents (see module doc)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        agent_token: str,
+        master_port: int = DEFAULT_MASTER_PORT,
+        lost_after_s: float = 30.0,
+        address_of: Callable[[str], str | None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not 0 < master_port < 65536:
+            raise ValueError(f"master_port: {master_port} is not a TCP port")
+        if lost_after_s <= 0:
+            raise ValueError(f"lost_after_s: must be > 0, got {lost_after_s}")
+        if not agent_token:
+            raise ValueError("agent_token: must be a non-empty secret")
+        self.store = store
+        self.tables = AgentTables(agent_db_url(store.url))
+        self.agent_token = agent_token
+        self.master_port = master_port
+        self.lost_after_s = lost_after_s
+        self.address_of = address_of
+        self._clock = clock
+        self._started_at = clock()
+
+    # ----- the Executor contract (controller side) -----
+    def start(self, launch: WorkerLaunch) -> None:
+        assignment = RankAssignment(
+            job_id=launch.job_id, attempt=launch.attempt, run=launch.run, setup=launch.setup, cwd=launch.cwd,
+            ranks=list(launch.ranks), world_size=launch.world_size, master_addr=launch.master_addr,
+            master_port=launch.master_port, env=dict(launch.env),
+        )
+        with self.tables.session() as s:
+            row = s.get(AgentAssignment, launch.instance_id)
+            if row is not None and row.attempt >= launch.attempt:
+                return  # idempotent per (instance, attempt)
+            if row is None:
+                row = AgentAssignment(instance_id=launch.instance_id, stop_attempt=0)
+                s.add(row)
+            row.job_id, row.attempt = launch.job_id, launch.attempt
+            row.launch_json = json.dumps(assignment.to_json())
+            row.notice_json = None
+            row.assigned_at = self._clock()
+
+    def status(self, instance_id: str, attempt: int) -> WorkerStatus:
+        with self.tables.session() as s:
+            assigned = s.get(AgentAssignment, instance_id)
+            report = s.get(AgentReport, instance_id)
+        if assigned is None or assigned.attempt < attempt:
+            return WorkerStatus(GangState.ABSENT)
+        if report is not None and report.attempt == attempt:
+            codes = {int(k): int(v) for k, v in (_loads(report.exit_codes_json) or {}).items()}
+            if report.state == STATE_EXITED:
+                return WorkerStatus(GangState.EXITED, codes)
+            if report.state == STATE_STOPPED:
+                return WorkerStatus(GangState.LOST, codes)
+        else:
+            codes = {}
+        if assigned.attempt > attempt:
+            return WorkerStatus(GangState.LOST, codes)  # superseded before it reported an end
+        heard = max(report.reported_at if report else 0.0, assigned.assigned_at, self._started_at)
+        if self._clock() - heard > self.lost_after_s:
+            return WorkerStatus(GangState.LOST, codes)
+        return WorkerStatus(GangState.RUNNING, codes)
+
+    def notify(self, instance_id: str, notice: Mapping[str, Any]) -> None:
+        with self.tables.session() as s:
+            row = s.get(AgentAssignment, instance_id)
+            if row is not None and row.attempt > row.stop_attempt and row.notice_json is None:
+                row.notice_json = json.dumps(dict(notice))
+
+    def stop(self, instance_id: str) -> None:
+        with self.tables.session() as s:
+            row = s.get(AgentAssignment, instance_id)
+            if row is not None and row.stop_attempt < row.attempt:
+                row.stop_attempt = row.attempt
+
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        with self.tables.session() as s:
+            row = s.get(AgentProgress, job_id)
+        data = _loads(row.progress_json) if row is not None else None
+        return data if isinstance(data, dict) else None
+
+    def progress_file(self, job_id: str) -> str:
+        """Rank 0 writes its progress file on its own instance; this names it for messages."""
+        return f"agent://{job_id}/progress.json"
+
+    def rendezvous(self, instance_id: str) -> tuple[str, int]:
+        with self.tables.session() as s:
+            report = s.get(AgentReport, instance_id)
+        address = report.address if report is not None and report.address else None
+        if address is None and self.address_of is not None:
+            address = self.address_of(instance_id)
+        if not address:
+            raise ProviderError(f"no private address known for instance {instance_id} yet")
+        return address, self.master_port
+
+    # ----- the agents' side (autoscaler/api_agents.py) -----
+    def instance_for(self, decision_id: str, claimed_instance_id: str | None) -> str:
+        """The instance launched for ``decision_id``; raises AgentLookupError (see the classes)."""
+        with self.store.session() as s:
+            row = s.scalars(select(InstanceRow).where(InstanceRow.decision_id == decision_id)).first()
+        if row is None:
+            raise InstanceNotYetKnown(f"no instance recorded for decision {decision_id} yet")
+        if claimed_instance_id and claimed_instance_id != row.instance_id:
+            raise WrongInstance(f"decision {decision_id} launched {row.instance_id}, not {claimed_instance_id}")
+        if row.state == InstanceState.TERMINATED.value:
+            raise InstanceTerminated(f"instance {row.instance_id} is terminated")
+        return row.instance_id
+
+    def assignment(self, instance_id: str) -> Assignment:
+        with self.tables.session() as s:
+            row = s.get(AgentAssignment, instance_id)
+        if row is None or not row.launch_json:
+            return Assignment(instance_id=instance_id)
+        return Assignment(
+            instance_id=instance_id, launch=RankAssignment.from_json(json.loads(row.launch_json)),
+            notice=_loads(row.notice_json), stop_attempt=row.stop_attempt,
+        )
+
+    def record_report(self, instance_id: str, report: Report) -> None:
+        now = self._clock()
+        with self.tables.session() as s:
+            row = s.get(AgentReport, instance_id)
+            if row is None:
+                row = AgentReport(instance_id=instance_id, first_report_at=now)
+                s.add(row)
+                log.info("agent of %s checked in (%s)", instance_id, report.address or "no address")
+            row.attempt, row.state, row.reported_at = report.attempt, report.state, now
+            row.exit_codes_json = json.dumps({str(k): v for k, v in report.exit_codes.items()})
+            if report.notice is not None and row.notice_json is None:
+                row.notice_json = json.dumps(dict(report.notice))
+            if report.address:
+                row.address = report.address
+            assigned = s.get(AgentAssignment, instance_id)
+            if report.progress is None or assigned is None or report.state == STATE_IDLE:
+                return
+            launch = _loads(assigned.launch_json) or {}
+            if report.attempt != assigned.attempt or 0 not in launch.get("ranks", []):
+                return
+            prog = s.get(AgentProgress, assigned.job_id)
+            if prog is None:
+                prog = AgentProgress(job_id=assigned.job_id, attempt=0)
+                s.add(prog)
+            if report.attempt >= prog.attempt:
+                prog.attempt, prog.reported_at = report.attempt, now
+                prog.progress_json = json.dumps(dict(report.progress))
+
+    def seen(self, instance_ids: Sequence[str]) -> dict[str, AgentSeen]:
+        if not instance_ids:
+            return {}
+        with self.tables.session() as s:
+            rows = list(s.scalars(select(AgentReport).where(AgentReport.instance_id.in_(list(instance_ids)))))
+        return {r.instance_id: AgentSeen(r.reported_at, _loads(r.notice_json), r.address) for r in rows}
+
+
+class AgentGatedProvider:
+    """A real cloud's provider as the controller should see it when agents run the workers.
+
+    - RUNNING in the cloud, but its agent has not checked in: PENDING (no gang is placed on it yet;
+      on a real cloud the agent is still being installed, which takes a minute or two);
+    - its agent reported the cloud's spot notice: NOTICE (the controller relays it to the gang and
+      counts the preemption), even where the cloud API has no notice to show;
+    - no check-in within ``boot_timeout_s`` of its launch: terminated, and reported so (released).
+
+    Everything else is the wrapped provider's (``boot_config`` and other extras pass through).
+    """
+
+    def __init__(self, inner: Provider, executor: RemoteExecutor, *, boot_timeout_s: float = 900.0) -> None:
+        if boot_timeout_s <= 0:
+            raise ValueError(f"boot_timeout_s: must be > 0, got {boot_timeout_s}")
+        self.inner = inner
+        self.name = inner.name
+        self.executor = executor
+        self.boot_timeout_s = boot_timeout_s
+        self._lock = threading.Lock()
+        self._known: dict[str, Instance] = {}
+        self._emitted: dict[str, tuple[InstanceState, str | None, float | None]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def now_s(self) -> float:
+        return self.inner.now_s()
+
+    def offerings(self) -> Sequence[Offering]:
+        return self.inner.offerings()
+
+    def terminate(self, instance_id: str) -> None:
+        self.inner.terminate(instance_id)
+
+    def billing(self, instance: Instance) -> Billing:
+        return self.inner.billing(instance)
+
+    def address_of(self, instance_id: str) -> str | None:
+        with self._lock:
+            inst = self._known.get(instance_id)
+        return inst.address if inst is not None else None
+
+    def _overlay(self, inst: Instance, seen: AgentSeen | None) -> Instance:
+        if inst.state is InstanceState.RUNNING and seen is None:
+            return dataclasses.replace(inst, state=InstanceState.PENDING)
+        if inst.state in (InstanceState.RUNNING, InstanceState.PENDING) and seen is not None and seen.notice:
+            deadline = seen.notice.get("deadline_unix_s")
+            return dataclasses.replace(
+                inst, state=InstanceState.NOTICE, interruption=inst.interruption or str(seen.notice.get("reason") or "preemption"),
+                notice_deadline_s=float(deadline) if isinstance(deadline, (int, float)) else self.now_s(),
+            )
+        return inst
+
+    def _remember(self, instances: Sequence[Instance]) -> list[Instance]:
+        seen = self.executor.seen([i.instance_id for i in instances])
+        out = []
+        with self._lock:
+            for inst in instances:
+                self._known[inst.instance_id] = inst
+                eff = self._overlay(inst, seen.get(inst.instance_id))
+                self._emitted[inst.instance_id] = (eff.state, eff.interruption, eff.notice_deadline_s)
+                out.append(eff)
+        return out
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        return self._remember([self.inner.launch(request)])[0]
+
+    def list_instances(self, tags: Mapping[str, str]) -> Sequence[Instance]:
+        return self._remember(list(self.inner.list_instances(tags)))
+
+    def poll(self) -> Sequence[Instance]:
+        changed = list(self.inner.poll())
+        with self._lock:
+            for inst in changed:
+                self._known[inst.instance_id] = inst
+            known = dict(self._known)
+        seen = self.executor.seen(list(known))
+        now = self.now_s()
+        out: list[Instance] = []
+        for instance_id, inst in known.items():
+            eff = self._overlay(inst, seen.get(instance_id))
+            if eff.state is InstanceState.PENDING and now - inst.launched_at_s > self.boot_timeout_s:
+                log.warning("agent of %s never checked in within %.0f s: terminating it", instance_id, self.boot_timeout_s)
+                self.inner.terminate(instance_id)
+                eff = dataclasses.replace(inst, state=InstanceState.TERMINATED, terminated_at_s=now,
+                                          notice_deadline_s=None)
+                inst = eff
+            key = (eff.state, eff.interruption, eff.notice_deadline_s)
+            with self._lock:
+                if self._emitted.get(instance_id) != key:
+                    self._emitted[instance_id] = key
+                    out.append(eff)
+                self._known[instance_id] = inst
+                if not eff.alive:
+                    del self._known[instance_id]  # its end is reported once; the cloud's own poll stops too
+        return out
+
+
+__all__ = [
+    "AgentGatedProvider",
+    "AgentLookupError",
+    "RemoteExecutor",
+    "agent_credential",
+    "decision_of",
+    "ensure_agent_token",
+]

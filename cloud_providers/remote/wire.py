@@ -1,0 +1,181 @@
+"""The agent <-> controller wire format (JSON over HTTP), shared by both ends.
+
+``GET  /v1/agent/assignment[?instance_id=I]`` -> :class:`Assignment` as JSON; 404 while the controller
+has not recorded the agent's instance yet (retry), 410 once the instance is terminated for good (the
+agent kills its workers and exits).
+
+``POST /v1/agent/report`` with a :class:`Report` body -> the current assignment (same as the GET).
+
+Both carry ``Authorization: Bearer <agent credential>``: ``<decision_id>:<mac>``, where the MAC binds the
+launch decision to the controller's agent token. The controller finds the instance by the decision it
+launched it for, so an agent can only ever read or write its own instance's assignment and reports.
+
+States an agent reports: ``idle`` (no workers), ``setup`` (the job's setup runs), ``running``,
+``exited`` (every local rank has exited; ``exit_codes`` complete) and ``stopped`` (the workers were
+killed: on the controller's stop order, or they were lost when the agent restarted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ASSIGNMENT_PATH = "/v1/agent/assignment"
+REPORT_PATH = "/v1/agent/report"
+
+STATE_IDLE = "idle"
+STATE_SETUP = "setup"
+STATE_RUNNING = "running"
+STATE_EXITED = "exited"
+STATE_STOPPED = "stopped"
+STATES = (STATE_IDLE, STATE_SETUP, STATE_RUNNING, STATE_EXITED, STATE_STOPPED)
+
+
+class WireError(ValueError):
+    """A message that does not follow the wire format (one line naming the field)."""
+
+
+def _int(d: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{key}: expected an integer, got {value!r}")
+    return value
+
+
+def _str(d: Mapping[str, Any], key: str, *, optional: bool = False) -> str | None:
+    value = d.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise WireError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankAssignment:
+    """One instance's share of a gang attempt (``WorkerLaunch`` less what is the controller's own)."""
+
+    job_id: str
+    attempt: int
+    run: str
+    setup: str | None
+    cwd: str
+    ranks: Sequence[int]
+    world_size: int
+    master_addr: str
+    master_port: int
+    env: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ranks"], d["env"] = list(self.ranks), dict(self.env)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any) -> RankAssignment:
+        if not isinstance(d, dict):
+            raise WireError(f"launch: expected an object, got {type(d).__name__}")
+        ranks = d.get("ranks")
+        env = d.get("env")
+        if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) for r in ranks):
+            raise WireError(f"launch.ranks: expected a non-empty list of integers, got {ranks!r}")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise WireError("launch.env: expected an object of strings")
+        return cls(
+            job_id=str(_str(d, "job_id")), attempt=_int(d, "attempt"), run=str(_str(d, "run")),
+            setup=_str(d, "setup", optional=True), cwd=str(_str(d, "cwd")), ranks=list(ranks),
+            world_size=_int(d, "world_size"), master_addr=str(_str(d, "master_addr")),
+            master_port=_int(d, "master_port"), env=dict(env),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Assignment:
+    """What the controller wants of an instance now.
+
+    ``launch``: the latest attempt assigned to it (None before the first). ``notice``: the directive for
+    that attempt (preemption, rescale, cancel), written to the workers' notice file. ``stop_attempt``:
+    workers of attempts up to this one must be killed.
+    """
+
+    instance_id: str
+    launch: RankAssignment | None = None
+    notice: Mapping[str, Any] | None = None
+    stop_attempt: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "launch": self.launch.to_json() if self.launch else None,
+            "notice": dict(self.notice) if self.notice is not None else None,
+            "stop_attempt": self.stop_attempt,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> Assignment:
+        if not isinstance(d, dict):
+            raise WireError("assignment: expected an object")
+        notice = d.get("notice")
+        if notice is not None and not isinstance(notice, dict):
+            raise WireError("notice: expected an object")
+        launch = d.get("launch")
+        return cls(
+            instance_id=str(_str(d, "instance_id")),
+            launch=RankAssignment.from_json(launch) if launch is not None else None,
+            notice=notice,
+            stop_attempt=_int(d, "stop_attempt", 0),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Report:
+    """What an agent tells the controller, every second and at each change."""
+
+    attempt: int
+    state: str
+    exit_codes: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    progress: Mapping[str, Any] | None = None
+    # The cloud's own notice as the agent saw it (reason, source, deadline_unix_s), once seen.
+    notice: Mapping[str, Any] | None = None
+    instance_id: str | None = None
+    address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise WireError(f"state: {self.state!r} is not one of {', '.join(STATES)}")
+        if self.attempt < 0:
+            raise WireError(f"attempt: must be >= 0, got {self.attempt}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "state": self.state,
+            "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
+            "progress": dict(self.progress) if self.progress is not None else None,
+            "notice": dict(self.notice) if self.notice is not None else None,
+            "instance_id": self.instance_id,
+            "address": self.address,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> Report:
+        if not isinstance(d, dict):
+            raise WireError("report: expected an object")
+        codes = d.get("exit_codes") or {}
+        if not isinstance(codes, dict):
+            raise WireError("exit_codes: expected an object of rank -> code")
+        try:
+            exit_codes = {int(k): int(v) for k, v in codes.items()}
+        except (TypeError, ValueError):
+            raise WireError(f"exit_codes: expected integer ranks and codes, got {codes!r}") from None
+        progress, notice = d.get("progress"), d.get("notice")
+        if progress is not None and not isinstance(progress, dict):
+            raise WireError("progress: expected an object")
+        if notice is not None and not isinstance(notice, dict):
+            raise WireError("notice: expected an object")
+        return cls(
+            attempt=_int(d, "attempt"), state=str(_str(d, "state")), exit_codes=exit_codes, progress=progress,
+            notice=notice, instance_id=_str(d, "instance_id", optional=True),
+            address=_str(d, "address", optional=True),
+        )
