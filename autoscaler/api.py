@@ -1,6 +1,8 @@
 """The controller's HTTP API (FastAPI, OpenAPI at /docs and /openapi.json), bearer-token protected.
 
-The CLI is its main client. Workers do not call it: they report through the executor's progress file.
+The CLI is its main client. With ``--executor remote`` the instance agents call the agent endpoints
+(``api_agents.py``) with their per-instance credentials; with the local executor, workers report
+through the executor's progress file instead.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ needs no cloud account.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,10 @@ def make_cloud(
     if cloud == "aws":
         from cloud_providers.aws import make_provider  # lazily: boto3 is only needed for AWS
 
+        if not os.environ.get("AWS_ENDPOINT_URL"):
+            # Real EC2 instances would be bought and left idle while their workers ran here.
+            raise ValueError("--executor local runs the workers on this machine: use it with a stand-in cloud "
+                             "(AWS_ENDPOINT_URL, e.g. moto); on real AWS use --executor remote")
         root = localcloud_dir(cloud_id)
         return CloudSetup(make_provider(controller_id=cloud_id), LocalExecutor(root / "executor"), 1.0)
     raise ValueError(f"cloud {cloud!r} is not available yet (choose local or aws)")

@@ -17,13 +17,14 @@ def controller_command() -> None:
 
 
 @controller_command.command("start")
-@click.option("--cloud", type=click.Choice(["local", "aws", "gcp"]), default="local", show_default=True)
+@click.option("--cloud", type=click.Choice(["local", "aws"]), default="local", show_default=True)
 @click.option("--executor", type=click.Choice(["local", "remote"]), default="local", show_default=True,
               help="local: run each instance's workers as processes on this machine (local cloud, moto). "
                    "remote: each cloud instance runs the spotrain agent, which runs its workers.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8470, show_default=True, help="0 picks a free port.")
-@click.option("--tick", "tick_s", type=float, default=0.5, show_default=True, help="Reconcile interval, seconds.")
+@click.option("--tick", "tick_s", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+              help="Reconcile interval, seconds.")
 @click.option("--id", "controller_id", default=None, help="Controller id (default: controller-<cloud>).")
 @click.option("--advertise-url", default=None,
               help="URL the instance agents reach this controller on (--executor remote; default: the bound URL).")
@@ -73,7 +74,10 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"{cloud}: cannot list offerings: {exc}") from None
     ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                      controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)
-    ctl.start()
+    try:
+        ctl.start()  # reconciles with the cloud first (recovery)
+    except ProviderError as exc:
+        raise SpotrainError(f"{cloud}: recovery could not reach the cloud: {exc}") from None
     write_controller_info(url, os.getpid())
     click.echo(f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {store.url})", err=True)
     server = uvicorn.Server(uvicorn.Config(create_app(ctl, token), log_level="warning", lifespan="off"))
