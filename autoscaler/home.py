@@ -34,7 +34,11 @@ def token_path() -> Path:
 
 def ensure_token() -> str:
     """Read the API token, creating it (mode 0600) if absent."""
-    p = token_path()
+    return ensure_secret(token_path())
+
+
+def ensure_secret(p: Path) -> str:
+    """Read a secret file, creating it with a fresh random token (mode 0600, never wider) if absent."""
     if p.exists():
         return p.read_text().strip()
     tok = secrets.token_urlsafe(32)

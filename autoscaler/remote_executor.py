@@ -32,24 +32,19 @@ exposes one instance's agent, never the controller's token or the user API.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import hmac
 import json
 import logging
-import os
-import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, select
-from sqlalchemy.engine import Engine
+from sqlalchemy import select
 from sqlalchemy.engine.url import make_url
-from sqlalchemy.orm import Session, sessionmaker
 
 from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
 from cloud_providers.errors import ProviderError
@@ -63,8 +58,9 @@ from cloud_providers.remote.wire import (
     Report,
 )
 
-from .home import home
+from .home import ensure_secret, home
 from .state import InstanceRow, Store
+from .state.store import Database
 from .state.models import AgentAssignment, AgentProgress, AgentReport
 
 log = logging.getLogger("spotrain.remote")
@@ -80,14 +76,7 @@ def agent_token_path() -> Path:
 
 def ensure_agent_token() -> str:
     """The controller's agent token (separate from the user API token), created mode 0600 if absent."""
-    p = agent_token_path()
-    if p.exists():
-        return p.read_text().strip()
-    tok = secrets.token_urlsafe(32)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(tok + "\n")
-    return tok
+    return ensure_secret(agent_token_path())
 
 
 def _mac(token: str, decision_id: str) -> str:
@@ -122,34 +111,11 @@ def agent_db_url(controller_db_url: str) -> str:
     return str(url.set(database=str(path.with_name(path.stem + "-agents" + (path.suffix or ".db")))))
 
 
-class AgentTables:
+class AgentTables(Database):
     """Sessions over the agent tables (their own engine, see the module doc)."""
 
     def __init__(self, url: str) -> None:
-        self.engine: Engine = create_engine(url, future=True)
-        if url.startswith("sqlite"):
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        AgentAssignment.metadata.create_all(self.engine, tables=AGENT_TABLES)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-
-    @contextlib.contextmanager
-    def session(self) -> Iterator[Session]:
-        s = self._sessions()
-        try:
-            yield s
-            s.commit()
-        except BaseException:
-            s.rollback()
-            raise
-        finally:
-            s.close()
-
-
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.close()
+        super().__init__(url, tables=AGENT_TABLES)
 
 
 # ----- errors the agent API maps to HTTP -------------------------------------------------------------

@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from sqlalchemy import create_engine, event, inspect, select, text
+from sqlalchemy import Table, create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,22 +22,24 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     cur.close()
 
 
-class Store:
-    def __init__(self, url: str) -> None:
+class Database:
+    """An engine and transactional sessions over some of the state tables (all of them by default)."""
+
+    def __init__(self, url: str, *, tables: list[Table] | None = None) -> None:
         self.url = url
         self.engine: Engine = create_engine(url, future=True)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine)
-        self._add_missing_columns()
+        Base.metadata.create_all(self.engine, tables=tables)
+        self._add_missing_columns(tables)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    def _add_missing_columns(self) -> None:
+    def _add_missing_columns(self, tables: list[Table] | None) -> None:
         """Additive schema evolution: a database written by an older spotrain gets the columns added
         since, with their defaults, so upgrading never loses or strands stored jobs."""
         insp = inspect(self.engine)
         with self.engine.begin() as conn:
-            for table in Base.metadata.sorted_tables:
+            for table in tables if tables is not None else Base.metadata.sorted_tables:
                 have = {c["name"] for c in insp.get_columns(table.name)}
                 for col in table.columns:
                     if col.name in have:
@@ -59,6 +61,10 @@ class Store:
             raise
         finally:
             s.close()
+
+
+class Store(Database):
+    """The controller's state: jobs, instances, decisions, events."""
 
     # ----- queries -----
     def job(self, s: Session, ref: str) -> Job | None:
