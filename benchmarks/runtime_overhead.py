@@ -1,9 +1,12 @@
 """Steady-state step time of the runtime against a plain PyTorch DDP loop (2 gloo processes).
 
-One gang of two processes runs, in alternating rounds, the same model, data and per-worker batch
-under (1) ``DistributedDataParallel``, (2) ``ElasticTrainer`` in ``fast`` mode and (3) in ``bitwise``
-mode, with one logical worker per physical worker. Ratios are medians over rounds measured side by
-side, so machine noise hits all three alike. Target: fast within 5% of DDP; bitwise overhead reported.
+One gang of two processes runs the same model, data and per-worker batch under (1)
+``DistributedDataParallel``, (2) ``ElasticTrainer`` in ``fast`` mode and (3) in ``bitwise`` mode,
+with one logical worker per physical worker, all three live in the same processes and interleaved
+in blocks of a few steps (the order rotating from block to block). Each block's ratios are taken
+within a second or so, so the load of a shared machine hits the three loops alike; the figures are
+medians over blocks, with the interquartile range of the per-block ratio. Target: fast within 5% of
+DDP; bitwise overhead reported.
 
     python benchmarks/runtime_overhead.py [--quick]
 """
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Iterator
 
 WORLD = 2
 
@@ -38,41 +42,32 @@ def _data(n: int):  # type: ignore[no-untyped-def]
     return TensorDataset(torch.randn(n, 256, generator=g), torch.randint(0, 10, (n,), generator=g))
 
 
-def _ddp_round(steps: int, warmup: int, per_worker: int) -> float:
+def _ddp_steps(steps: int, per_worker: int) -> Iterator[None]:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.use_deterministic_algorithms(False)
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DistributedDataParallel(_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    data = _data(per_worker * WORLD * (steps + 1))
-    x_all, y_all = data.tensors
+    x_all, y_all = _data(per_worker * WORLD * (steps + 1)).tensors
     perm = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(1))
-    t_start = 0.0
     for step in range(steps):
-        if step == warmup:
-            dist.barrier()
-            t_start = time.perf_counter()
         idx = perm[(step * WORLD + rank) * per_worker : (step * WORLD + rank + 1) * per_worker]
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
         opt.step()
-    dist.barrier()
-    return (time.perf_counter() - t_start) / (steps - warmup)
+        yield
 
 
-def _runtime_round(mode: str, steps: int, warmup: int, per_worker: int, ckpt_dir: str) -> float:
+def _runtime_steps(mode: str, steps: int, per_worker: int, ckpt_dir: str) -> Iterator[None]:
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
 
     import runtime
 
-    torch.use_deterministic_algorithms(False)
     torch.manual_seed(0)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -84,15 +79,10 @@ def _runtime_round(mode: str, steps: int, warmup: int, per_worker: int, ckpt_dir
     )
     trainer = runtime.ElasticTrainer(model, opt, _data(per_worker * WORLD * (steps + 1)),
                                      loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), config=config)
-    t_start = 0.0
-    for step in trainer:
-        if step.step == warmup:
-            dist.barrier()
-            t_start = time.perf_counter()
-    dist.barrier()
-    elapsed = (time.perf_counter() - t_start) / (steps - warmup)
+    for _ in trainer:
+        yield
     trainer.finish()
-    return elapsed
+    yield
 
 
 def child(args: argparse.Namespace) -> None:
@@ -100,13 +90,27 @@ def child(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(False)
     dist.init_process_group("gloo")
+    steps = args.warmup + args.blocks * args.block
     results: dict[str, list[float]] = {"ddp": [], "fast": [], "bitwise": []}
     with tempfile.TemporaryDirectory() as ckpt_dir:
-        for _ in range(args.rounds):
-            results["ddp"].append(_ddp_round(args.steps, args.warmup, args.batch))
-            results["fast"].append(_runtime_round("fast", args.steps, args.warmup, args.batch, ckpt_dir))
-            results["bitwise"].append(_runtime_round("bitwise", args.steps, args.warmup, args.batch, ckpt_dir))
+        loops = {"ddp": _ddp_steps(steps, args.batch), "fast": _runtime_steps("fast", steps, args.batch, ckpt_dir),
+                 "bitwise": _runtime_steps("bitwise", steps, args.batch, ckpt_dir)}
+        for it in loops.values():
+            for _ in range(args.warmup):
+                next(it)
+        names = list(loops)
+        for b in range(args.blocks):
+            for name in names[b % 3 :] + names[: b % 3]:
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(args.block):
+                    next(loops[name])
+                dist.barrier()
+                results[name].append((time.perf_counter() - t0) / args.block)
+        for name in ("fast", "bitwise"):
+            next(loops[name], None)  # finish(): final weights, like a real run
     if dist.get_rank() == 0:
         print(json.dumps(results))
     dist.destroy_process_group()
@@ -116,20 +120,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps only (smoke test)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps of each loop first")
+    parser.add_argument("--block", type=int, default=10, help="steps per timed block")
+    parser.add_argument("--blocks", type=int, default=45, help="timed blocks per loop")
     parser.add_argument("--batch", type=int, default=64, help="samples per physical worker per step")
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.warmup, args.rounds = 12, 4, 1
+        args.warmup, args.block, args.blocks = 3, 4, 3
     if args.child:
         return child(args)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps), "--warmup",
-            str(args.warmup), "--rounds", str(args.rounds), "--batch", str(args.batch)]
+    argv = [sys.executable, os.path.abspath(__file__), "--child", "--warmup", str(args.warmup), "--block",
+            str(args.block), "--blocks", str(args.blocks), "--batch", str(args.batch)]
     procs = []
     for rank in range(WORLD):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
@@ -146,17 +150,25 @@ def main() -> None:
     fast_ratios = [f / d for f, d in zip(results["fast"], results["ddp"])]
     bit_ratios = [b / d for b, d in zip(results["bitwise"], results["ddp"])]
     print(f"runtime overhead: {WORLD} gloo processes, {args.batch} samples/worker/step, "
-          f"{args.steps - args.warmup} timed steps x {args.rounds} rounds")
-    print(f"{'loop':<10}{'step ms (median)':>18}{'ratio to DDP':>16}")
-    print(f"{'DDP':<10}{ddp * 1e3:>18.2f}{1.0:>16.3f}")
-    print(f"{'fast':<10}{fast * 1e3:>18.2f}{statistics.median(fast_ratios):>16.3f}")
-    print(f"{'bitwise':<10}{bitwise * 1e3:>18.2f}{statistics.median(bit_ratios):>16.3f}")
+          f"{args.blocks} interleaved blocks of {args.block} timed steps per loop")
+    def iqr(xs: list[float]) -> str:
+        if len(xs) < 4:
+            return f"{min(xs):.3f}-{max(xs):.3f}"
+        q = statistics.quantiles(xs, n=4)
+        return f"{q[0]:.3f}-{q[2]:.3f}"
+
+    print(f"{'loop':<10}{'step ms (median)':>18}{'ratio to DDP':>16}{'ratio IQR':>16}")
+    print(f"{'DDP':<10}{ddp * 1e3:>18.2f}{1.0:>16.3f}{'':>16}")
+    print(f"{'fast':<10}{fast * 1e3:>18.2f}{statistics.median(fast_ratios):>16.3f}{iqr(fast_ratios):>16}")
+    print(f"{'bitwise':<10}{bitwise * 1e3:>18.2f}{statistics.median(bit_ratios):>16.3f}{iqr(bit_ratios):>16}")
     print(json.dumps({
-        "world_size": WORLD, "per_worker_batch": args.batch, "rounds": args.rounds, "quick": args.quick,
+        "world_size": WORLD, "per_worker_batch": args.batch, "blocks": args.blocks, "block_steps": args.block,
+        "quick": args.quick,
         "ddp_step_ms": round(ddp * 1e3, 3), "fast_step_ms": round(fast * 1e3, 3),
         "bitwise_step_ms": round(bitwise * 1e3, 3),
         "fast_over_ddp": round(statistics.median(fast_ratios), 4),
         "bitwise_over_ddp": round(statistics.median(bit_ratios), 4),
+        "fast_over_ddp_iqr": iqr(fast_ratios), "bitwise_over_ddp_iqr": iqr(bit_ratios),
     }))
 
 

@@ -2,7 +2,7 @@
 
 Public API (see docs/runtime.md):
 
-- :class:`ElasticTrainer`, :class:`StepResult` — the training loop
+- :class:`ElasticTrainer`, :class:`StepResult`, :func:`exit_worker`, :func:`prefetch_checkpoint` — the loop
 - :class:`TrainerConfig`, :class:`TrainingConfig`, :class:`CheckpointConfig`, :class:`NoticeConfig`
 - :class:`CheckpointManager`, :func:`make_store` — checkpoints outside the trainer (tools, tests)
 - :func:`lr_factor` — learning-rate scaling rules; :mod:`runtime.protocol` — worker protocol names
@@ -24,10 +24,10 @@ from .errors import (
 )
 from .lr_scaling import lr_factor
 from .store import make_store
-from .trainer import ElasticTrainer, StepResult
+from .trainer import ElasticTrainer, StepResult, exit_worker, prefetch_checkpoint
 
 __all__ = [
     "CheckpointConfig", "CheckpointCorrupt", "CheckpointError", "CheckpointManager", "ElasticTrainer",
     "LoadedCheckpoint", "NoValidCheckpoint", "NoticeConfig", "RuntimeFailure", "StateError", "StepResult",
-    "StoreError", "TrainerConfig", "TrainingConfig", "UnsupportedStore", "lr_factor", "make_store", "protocol",
+    "StoreError", "TrainerConfig", "TrainingConfig", "UnsupportedStore", "exit_worker", "lr_factor", "make_store", "prefetch_checkpoint", "protocol",
 ]

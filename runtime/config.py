@@ -27,6 +27,8 @@ ENV_AWS_IMDS_ENDPOINT = "SPOTRAIN_AWS_IMDS_ENDPOINT"
 ENV_GCE_METADATA_ENDPOINT = "SPOTRAIN_GCE_METADATA_ENDPOINT"
 ENV_NUM_THREADS = "SPOTRAIN_NUM_THREADS"
 ENV_NOTICE_POLL_S = "SPOTRAIN_NOTICE_POLL_S"
+ENV_TIMELINE_FILE = "SPOTRAIN_TIMELINE_FILE"
+TIMELINE_NAME = "timeline.jsonl"
 
 NOTICE_SOURCE_AWS = "aws-imds"
 NOTICE_SOURCE_GCE = "gce-metadata"
@@ -139,7 +141,10 @@ class TrainerConfig:
 
     ``epochs`` or ``max_steps`` bounds training (``max_steps`` wins when both are given).
     ``num_threads`` pins intra-op threads; in bitwise mode it must not depend on the world size,
-    because CPU kernels split reductions by thread.
+    because CPU kernels split reductions by thread. ``timeline_file`` receives rank 0's changeover
+    timeline (``runtime/timeline.py``); by default it sits beside the progress file. The gradient
+    noise statistics are measured on every ``noise_every_steps``-th step (two passes over the
+    gradient, ~3% of a small model's step on CPU; a batch-size policy acts over minutes, not steps).
     """
 
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -150,11 +155,13 @@ class TrainerConfig:
     job_id: str = "local"
     attempt: int = 1
     progress_file: str | None = None
+    timeline_file: str | None = None
     num_threads: int = 1
     max_grad_norm: float | None = None
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     progress_interval_s: float = 0.5
     log_every_steps: int = 0
+    noise_every_steps: int = 8
 
     def __post_init__(self) -> None:
         if self.epochs is None and self.max_steps is None:
@@ -168,6 +175,8 @@ class TrainerConfig:
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"trainer.max_grad_norm: must be positive, got {self.max_grad_norm!r}")
         _check_choice("trainer.backend", self.backend, ("auto", "gloo", "nccl"))
+        if not isinstance(self.noise_every_steps, int) or self.noise_every_steps < 1:
+            raise ValueError(f"trainer.noise_every_steps: must be a positive integer, got {self.noise_every_steps!r}")
 
     @classmethod
     def from_env(
@@ -203,6 +212,10 @@ class TrainerConfig:
             gce_metadata_endpoint=env.get(ENV_GCE_METADATA_ENDPOINT, DEFAULT_GCE_METADATA_ENDPOINT),
             poll_interval_s=_env_float(env, ENV_NOTICE_POLL_S, 1.0),
         )
+        progress_file = env.get(protocol.ENV_PROGRESS_FILE) or None
+        timeline_file = env.get(ENV_TIMELINE_FILE) or (
+            os.path.join(os.path.dirname(os.path.abspath(progress_file)), TIMELINE_NAME) if progress_file else None
+        )
         return cls(
             training=training,
             checkpoint=checkpoint,
@@ -211,7 +224,8 @@ class TrainerConfig:
             max_steps=max_steps,
             job_id=job_id,
             attempt=int(_env_float(env, protocol.ENV_ATTEMPT, 1)),
-            progress_file=env.get(protocol.ENV_PROGRESS_FILE) or None,
+            progress_file=progress_file,
+            timeline_file=timeline_file,
             num_threads=int(_env_float(env, ENV_NUM_THREADS, overrides.pop("num_threads", 1))),
             **overrides,
         )

@@ -13,6 +13,7 @@ boto3 is imported lazily and honours ``AWS_ENDPOINT_URL`` (moto's server in test
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -20,15 +21,25 @@ import uuid
 from typing import Any, BinaryIO, Iterator, Protocol
 from urllib.parse import unquote, urlparse
 
+import torch
+
 from .errors import StoreError, UnsupportedStore
+from .serialization import read_into
 
 
 class Store(Protocol):
     uri: str
 
-    def writer(self, relpath: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
+    def writer(self, relpath: str, *, sync_dir: bool = True) -> contextlib.AbstractContextManager[BinaryIO]:
+        """Write one object atomically. ``sync_dir=False`` leaves the directory entry's durability to a
+        later object's writer in the same directory (a checkpoint's files, before its manifest)."""
+        ...
 
     def read_bytes(self, relpath: str) -> bytes: ...
+
+    def read_hashed(self, relpath: str) -> tuple[torch.Tensor, str]:
+        """The object as a flat uint8 tensor, with its sha256 hex (one pass over the bytes)."""
+        ...
 
     def exists(self, relpath: str) -> bool: ...
 
@@ -69,7 +80,7 @@ class FileStore:
         return "file://" + self._path(relpath)
 
     @contextlib.contextmanager
-    def writer(self, relpath: str) -> Iterator[BinaryIO]:
+    def writer(self, relpath: str, *, sync_dir: bool = True) -> Iterator[BinaryIO]:
         path = self._path(relpath)
         directory = os.path.dirname(path)
         try:
@@ -83,7 +94,9 @@ class FileStore:
             os.fsync(f.fileno())
             f.close()
             os.replace(tmp, path)
-            _fsync_dir(directory)
+            if sync_dir:  # the entry, and the directory's own entry if it was just created
+                _fsync_dir(directory)
+                _fsync_dir(os.path.dirname(directory))
         except BaseException:
             f.close()
             with contextlib.suppress(OSError):
@@ -98,6 +111,16 @@ class FileStore:
             raise
         except OSError as exc:
             raise StoreError(f"cannot read {self._path(relpath)}: {exc}") from exc
+
+    def read_hashed(self, relpath: str) -> tuple[torch.Tensor, str]:
+        path = self._path(relpath)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                return read_into(f.readinto, os.fstat(f.fileno()).st_size)
+        except FileNotFoundError:
+            raise
+        except (OSError, EOFError) as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
 
     def exists(self, relpath: str) -> bool:
         return os.path.exists(self._path(relpath))
@@ -144,7 +167,7 @@ class S3Store:
         return f"s3://{self.bucket}/{self._key(relpath)}"
 
     @contextlib.contextmanager
-    def writer(self, relpath: str) -> Iterator[BinaryIO]:
+    def writer(self, relpath: str, *, sync_dir: bool = True) -> Iterator[BinaryIO]:
         with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
             yield buf  # type: ignore[misc]
             buf.seek(0)
@@ -160,6 +183,11 @@ class S3Store:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise FileNotFoundError(self.url(relpath)) from None
             raise StoreError(f"cannot read {self.url(relpath)}: {exc}") from exc
+
+    def read_hashed(self, relpath: str) -> tuple[torch.Tensor, str]:
+        data = self.read_bytes(relpath)
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        return buffer, hashlib.sha256(data).hexdigest()
 
     def exists(self, relpath: str) -> bool:
         from botocore.exceptions import ClientError

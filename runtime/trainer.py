@@ -18,6 +18,7 @@ boundary on every rank and ends; :meth:`finish` then returns ``EXIT_RESCHEDULE``
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from . import protocol
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointManager, prefetch_latest
 from .config import TrainerConfig
 from .data import DataOrder, DataPosition, fetch, logical_workers_of
 from .dist import DistContext
@@ -38,6 +39,7 @@ from .reducer import GradientReducer, ReduceResult
 from .seeding import capture_rng_state, restore_rng_state, seed_logical_worker
 from .stats import GradientNoiseStats, estimate
 from .store import make_store
+from .timeline import Timeline, process_start_unix_s
 
 
 class Stateful(Protocol):
@@ -86,6 +88,16 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def _clone_tensors(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _clone_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone_tensors(v) for v in obj)
+    return obj
+
+
 def configure_determinism(config: TrainerConfig) -> None:
     """Pin threads and, in bitwise mode, deterministic kernels (must precede the first CUDA use)."""
     torch.set_num_threads(config.num_threads)
@@ -109,6 +121,7 @@ class ElasticTrainer:
         grad_scaler: Any = None,
         dist_context: DistContext | None = None,
     ) -> None:
+        init_unix_s = time.time()
         configure_determinism(config)
         self.config = config
         self.training = config.training
@@ -137,6 +150,11 @@ class ElasticTrainer:
         self.progress = ProgressWriter(config.progress_file if self.is_rank0 else None,
                                        interval_s=config.progress_interval_s)
         self.watcher = NoticeWatcher(config.notices).start()
+        self.timeline = Timeline(config.timeline_file if self.is_rank0 else None, attempt=config.attempt)
+        started = process_start_unix_s()
+        if started is not None:
+            self.timeline.mark("process_start", t_unix_s=started)
+        self.timeline.mark("trainer_init", t_unix_s=init_unix_s, world_size=self.ctx.world_size)
         self.stopped = False
         self.stall_s_total = 0.0
         self._started = False
@@ -172,6 +190,9 @@ class ElasticTrainer:
 
     def load_state_dict(self, state: dict[str, Any], rng_meta: dict[str, Any] | None = None) -> None:
         self.model.load_state_dict(state["model"])
+        # A loaded checkpoint's tensors are views into its read buffers; the model copies its part,
+        # the rest is cloned so that nothing keeps a whole buffer alive.
+        state = {k: v if k == "model" else _clone_tensors(v) for k, v in state.items()}
         self.optimizer.load_state_dict(state["optimizer"])
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -195,6 +216,7 @@ class ElasticTrainer:
             restore_rng_state(state["rng"], rng_meta)
 
     def _resume(self) -> None:
+        t0 = time.perf_counter()
         chosen = torch.tensor([-1], dtype=torch.int64)
         loaded = None
         if self.is_rank0:
@@ -210,6 +232,8 @@ class ElasticTrainer:
             self.load_state_dict(loaded.state, loaded.manifest.get("rng"))
             self.resumed_from = step
             self.checkpoints.last_durable_step = step
+            self.timeline.mark("restore_done", step=step, restore_s=time.perf_counter() - t0,
+                               read_s=self.checkpoints.last_load_s, prefetched=self.checkpoints.last_load_prefetched)
             self._say(f"resumed from checkpoint {step} (epoch {self.position.epoch}) "
                       f"with {self.ctx.world_size} worker(s)")
         elif self.ctx.distributed:
@@ -243,20 +267,38 @@ class ElasticTrainer:
             if self._pending is not None and (self._pending.stop or self._pending.checkpoint):
                 stop = self._pending.stop
                 self._pending = None
+                if stop:
+                    self.timeline.mark("boundary", step=self.position.step)
                 self.checkpoint(wait=stop)
                 if stop:
                     self.stopped = True
                     self._say(f"stop notice: checkpoint {self.position.step} is durable; exiting "
                               f"{protocol.EXIT_RESCHEDULE}")
                     return
-            yield self._train_step()
+            result = self._train_step()
+            if "first_step" not in self.timeline.seen:
+                self.timeline.mark("first_step", step=result.step, step_time_s=result.step_time_s)
+                if self.is_rank0:  # the optimizer's state exists now: the state has its final shapes
+                    self.checkpoints.prepare_async(self.state_dict())
+            yield result
 
     def _train_step(self) -> StepResult:
         t0 = time.perf_counter()
         B, K = self.batch.global_batch_size, self.training.logical_workers
         step, epoch = self.position.step, self.position.epoch
         self.model.train()
-        self.reducer.begin_step()
+
+        def flags() -> tuple[bool, bool]:
+            """Asked once per step, as late as the collective allows (fast mode: just before the
+            last gradient bucket leaves, near the end of the last backward pass)."""
+            stop_notice, ckpt_notice = self.watcher.poll()
+            if stop_notice is not None:
+                self.timeline.mark("notice_seen", once=True, step=step, reason=stop_notice.reason,
+                                   source=stop_notice.source)
+            periodic = self.is_rank0 and time.monotonic() - self._last_ckpt_time >= self.config.checkpoint.interval_s
+            return stop_notice is not None, periodic or ckpt_notice is not None
+
+        self.reducer.begin_step(measure_noise=K >= 2 and step % self.config.noise_every_steps == 0, flags=flags)
         for j, k in enumerate(self.logical_ids):
             seed_logical_worker(self.training.seed, step, k)
             idx = self.order.logical_indices(self.position, global_batch_size=B, logical_workers=K, logical_rank=k)
@@ -266,9 +308,7 @@ class ElasticTrainer:
             scaled = self.reducer.backward_loss(loss)
             (self.grad_scaler.scale(scaled) if self.grad_scaler is not None else scaled).backward()
             self.reducer.end_logical(j, loss)
-        stop_notice, ckpt_notice = self.watcher.poll()
-        periodic = self.is_rank0 and time.monotonic() - self._last_ckpt_time >= self.config.checkpoint.interval_s
-        result = self.reducer.reduce(stop=stop_notice is not None, checkpoint=periodic or ckpt_notice is not None)
+        result = self.reducer.reduce()
         self._apply_update(result)
         epoch_end = self.order.advance(self.position, B)
         self._pending = result
@@ -285,18 +325,20 @@ class ElasticTrainer:
 
     def _apply_update(self, result: ReduceResult) -> None:
         B = self.batch.global_batch_size
-        scale2 = float(self.grad_scaler.get_scale()) ** 2 if self.grad_scaler is not None else 1.0
-        est = estimate(local_sqr=result.local_sqr / scale2, total_sqr=result.total_sqr / scale2,
-                       logical_workers=self.training.logical_workers, global_batch_size=B,
-                       init_batch_size=self.batch.init_batch_size)
-        if est is not None:
-            self.noise.update(*est, batch_scale=B / self.batch.init_batch_size)
+        if result.measured:
+            scale2 = float(self.grad_scaler.get_scale()) ** 2 if self.grad_scaler is not None else 1.0
+            est = estimate(local_sqr=result.local_sqr / scale2, total_sqr=result.total_sqr / scale2,
+                           logical_workers=self.training.logical_workers, global_batch_size=B,
+                           init_batch_size=self.batch.init_batch_size)
+            if est is not None:  # one sample stands for noise_every_steps steps of the EMA
+                self.noise.update(*est, batch_scale=B / self.batch.init_batch_size * self.config.noise_every_steps)
         if self.config.max_grad_norm is not None:
             if self.grad_scaler is not None:
                 self.grad_scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.reducer.params, self.config.max_grad_norm)
         factor = lr_factor(self.training.lr_scaling, batch_size=B, init_batch_size=self.batch.init_batch_size,
                            grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var)
+        self.stall_s_total += self.checkpoints.wait_copied()  # a pipelined snapshot reads the weights
         saved = [g["lr"] for g in self.optimizer.param_groups]
         if factor != 1.0:
             for g in self.optimizer.param_groups:
@@ -334,14 +376,27 @@ class ElasticTrainer:
             "determinism": self.training.determinism,
             "rng": rng_meta,
         }
-        snap = self.checkpoints.snapshot(self.position.step, self.state_dict(), manifest)
+        # Parameters and optimizer state change only in the next optimizer step, which first waits for
+        # their copy (``_apply_update``): outside a stop, that copy overlaps the next forward/backward.
+        defer = set() if wait else self._deferrable_storages()
+        snap = self.checkpoints.snapshot(self.position.step, self.state_dict(), manifest, defer=defer)
         self.stall_s_total += snap.stall_s
-        self.checkpoints.persist_async(snap)
+        self.checkpoints.persist_async(snap, urgent=wait)
         if wait:
+            self.timeline.mark("snapshot_done", step=snap.step, stall_s=snap.stall_s)
             self.checkpoints.wait()
+            self.timeline.mark("durable", t_unix_s=self.checkpoints.last_durable_unix_s, step=snap.step,
+                               persist_s=self.checkpoints.last_persist_s)
             self.progress.update(force=True, last_checkpoint_step=self.checkpoints.last_durable_step,
                                  stall_s=self.stall_s_total)
             self.ctx.barrier()
+
+    def _deferrable_storages(self) -> set[int]:
+        tensors = [p.detach() for p in self.model.parameters()]
+        for per_param in self.optimizer.state.values():
+            tensors.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+        buffers = {b.untyped_storage().data_ptr() for b in self.model.buffers()}
+        return {t.untyped_storage().data_ptr() for t in tensors if not t.is_cuda} - buffers
 
     def report(self, *, metric: float, metric_name: str) -> None:
         """Record the user's evaluation metric (checkpointed, and written to the progress file)."""
@@ -350,9 +405,11 @@ class ElasticTrainer:
 
     def finish(self) -> int:
         """Wrap up: the worker-protocol exit code (0 with final weights written, 85 after a notice)."""
+        code: int | None = None
         try:
             if self.stopped:
-                return protocol.EXIT_RESCHEDULE
+                code = protocol.EXIT_RESCHEDULE
+                return code
             if not self.done:
                 raise ValueError("finish() called before training ended (iterate the trainer to the end first)")
             if self.is_rank0:
@@ -362,9 +419,11 @@ class ElasticTrainer:
                 self.progress.update(force=True, final_model=url, step=self.position.step)
                 self._say(f"finished at step {self.position.step}; final weights: {url}")
             self.ctx.barrier()
-            return protocol.EXIT_DONE
+            code = protocol.EXIT_DONE
+            return code
         finally:
             self.close()
+            self.timeline.mark("exiting", code=code)
 
     def close(self) -> None:
         self.watcher.close()
@@ -375,3 +434,29 @@ class ElasticTrainer:
     def _say(self, message: str) -> None:
         if self.is_rank0:
             print(f"[spotrain] {message}", file=sys.stderr, flush=True)
+
+
+def prefetch_checkpoint(config: TrainerConfig) -> None:
+    """Start reading and verifying the job's newest checkpoint now, in the background, so that the
+    trainer's resume finds it in memory. Call it right after ``TrainerConfig.from_env``, before
+    building the model: on a replacement worker the read then overlaps the script's own start."""
+    prefetch_latest(make_store(config.checkpoint.uri))
+
+
+def exit_worker(code: int) -> None:
+    """End the worker process with ``code``: ``sys.exit(code)``, except after a stop notice.
+
+    For ``EXIT_RESCHEDULE`` the process ends with ``os._exit`` once stdio and logging are flushed:
+    the checkpoint is durable and the process group is gone, and the replacement workers wait for
+    this exit, while the interpreter's teardown with torch loaded takes 0.5-2 s on this machine
+    (benchmarks/changeover.py). Call it last, as ``runtime.exit_worker(trainer.finish())``: atexit
+    handlers do not run on that path."""
+    if code == protocol.EXIT_RESCHEDULE:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)

@@ -26,6 +26,10 @@ def main() -> int:
         training=runtime.TrainingConfig(logical_workers=4, global_batch_size=32, seed=7),
         max_steps=int(os.environ.get("RT_MAX_STEPS", "20")), progress_interval_s=0.0,
     )
+    if os.environ.get("RT_BUCKET_BYTES"):  # many small all-reduce buckets (fast mode's overlap)
+        from runtime import reducer
+
+        reducer.FIRST_BUCKET_BYTES = reducer.BUCKET_BYTES = int(os.environ["RT_BUCKET_BYTES"])
     g = torch.Generator().manual_seed(123)
     x = torch.randn(200, 10, generator=g)
     y = (x[:, :3].sum(dim=1) > 0).long()
