@@ -15,6 +15,7 @@ https://cloud.google.com/compute/docs/instances/create-use-preemptible#detecting
 from __future__ import annotations
 
 import calendar
+import http.client
 import json
 import logging
 import os
@@ -183,7 +184,8 @@ class NoticeWatcher:
                 try:
                     for notice in poller.check():
                         self._record(notice)
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, http.client.HTTPException) as exc:
+                    # A flaky metadata server (a reset, a short read) must not end the watch.
                     log.debug("notice source %s unavailable: %s", type(poller).__name__, exc)
             self._closing.wait(self.config.poll_interval_s)
 
