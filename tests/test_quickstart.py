@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,58 @@ def test_bitwise_identical_through_preemptions_and_resizes(spotrain_home: Path) 
     import torch
 
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_corrupt_newest_checkpoint_resumes_from_the_previous(spotrain_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preempted job whose newest checkpoint got damaged (a flipped byte) resumes from the one
+    before it and still finishes: the runtime verifies sha256 on load and falls back."""
+    from autoscaler.clouds import local_cloud
+    from autoscaler.controller import Controller
+    from autoscaler.home import db_url
+    from autoscaler.policy import get_policy
+    from autoscaler.spec import load_spec
+    from autoscaler.state import Store
+    from cloud_providers.local.scenario import parse_scenario
+
+    monkeypatch.setenv("QUICKSTART_EPOCHS", "4")
+    setup = local_cloud("t-corrupt", scenario=parse_scenario("events:\n  - {at_step: 60, preempt: 1}\n", base_dir=QUICKSTART))
+    ctl = Controller(store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=get_policy(),
+                     controller_id="t-corrupt", tick_s=0.1, clock_rate=setup.clock_rate)
+    # Periodic checkpoints every 10 market seconds (1/6 of a real second), so there is a previous one to fall back to.
+    spec, workdir = load_spec(QUICKSTART / "job.yaml", overrides=["checkpoint.interval=10s", "workers.max=1"])
+    job = ctl.submit(spec, workdir)
+    ckpts = Path(job["checkpoint_uri"].removeprefix("file://")) / "checkpoints"
+    damaged: list[tuple[int, int]] = []
+    real_start = setup.executor.start
+
+    def start_after_damage(launch):  # type: ignore[no-untyped-def]
+        if launch.attempt == 2 and not damaged:
+            steps = sorted(int(p.name) for p in ckpts.iterdir() if (p / "manifest.json").exists())
+            assert len(steps) >= 2, steps
+            newest = ckpts / str(steps[-1])
+            victim = sorted(f for f in newest.iterdir() if f.name.endswith(".safetensors"))[0]
+            data = bytearray(victim.read_bytes())
+            data[-5] ^= 0x01
+            victim.write_bytes(bytes(data))
+            damaged.append((steps[-2], steps[-1]))
+        return real_start(launch)
+
+    monkeypatch.setattr(setup.executor, "start", start_after_damage)
+    deadline = time.time() + 150
+    while time.time() < deadline:
+        ctl.tick()
+        info = ctl.job_info(job["job_id"])
+        if info["state"] in {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_BUDGET", "FAILED_NO_RESOURCE"}:
+            break
+        time.sleep(0.1)
+    assert info["state"] == "SUCCEEDED", info
+    assert damaged, "the job was never restarted"
+    previous, newest = damaged[0]
+    from autoscaler.home import logs_dir
+
+    log = (logs_dir(job["job_id"]) / "attempt-2-rank-0.log").read_text()
+    assert f"resumed from checkpoint {previous} " in log, log[-2000:]
+    assert f"resumed from checkpoint {newest} " not in log
+    assert tensors(info["final_model"])
