@@ -75,3 +75,11 @@ def start_controller(home: Path, *args: str, env: dict[str, str] | None = None) 
         time.sleep(0.1)
     proc.kill()
     raise AssertionError("controller did not start")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

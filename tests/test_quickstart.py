@@ -121,3 +121,37 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous(spotrain_home: Path
     assert f"resumed from checkpoint {previous} " in log, log[-2000:]
     assert f"resumed from checkpoint {newest} " not in log
     assert tensors(info["final_model"])
+
+
+@pytest.mark.e2e
+def test_same_script_under_torchrun_and_plain_python(tmp_path: Path) -> None:
+    """Users who bring their own cluster run the script under plain torchrun; with no SPOTRAIN_*
+    environment it uses local defaults, and in bitwise mode 2 torchrun processes give the same
+    weights as one plain `python train.py`."""
+    import os
+    import subprocess
+    import sys
+
+    from support import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRAIN_")}
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", QUICKSTART_EPOCHS="2")
+    script = str(QUICKSTART / "train.py")
+    runs = {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                     f"--master_port={free_port()}", script],
+        "python": [sys.executable, script],
+    }
+    weights = {}
+    for name, cmd in runs.items():
+        cwd = tmp_path / name
+        cwd.mkdir()
+        r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        final = cwd / "spotrain_checkpoints" / "local" / "final" / "model.safetensors"
+        assert final.exists()
+        weights[name] = tensors(str(final))
+    import torch
+
+    assert sorted(weights["torchrun"]) == sorted(weights["python"])
+    assert all(torch.equal(weights["torchrun"][k], weights["python"][k]) for k in weights["python"])
