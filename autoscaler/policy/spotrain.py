@@ -81,6 +81,10 @@ SWITCH_MARGIN = 3.0
 # reserve: a move is a restart the job would not otherwise take, and under a tight deadline the
 # slack it spends is what later keeps the job off on-demand.
 SWITCH_CUSHION_CYCLES = 4.0
+# ... except for a saving that pays this many restarts: then one cycle above the reserve is cushion
+# enough (a running gang on a dear zone next to a long run of one 20 % cheaper, hours from the end).
+BIG_SWITCH_MARGIN = 8.0
+BIG_CUSHION_CYCLES = 1.0
 # Float tolerance (seconds) on the slack: a gang that entered spot with exactly the Safety Net's
 # slack must not be moved off it by rounding.
 SLACK_TOLERANCE_S = 1.0
@@ -513,10 +517,16 @@ def plan_job(
         k0 = keep[0]
         # The restart spends slack: only while it stays well above the reserve (SWITCH_CUSHION_CYCLES).
         room_ok = deadline is None or (mode == "ahead" and slack_now - d - lag > reserve_now + SWITCH_CUSHION_CYCLES * (d + lag))
+        big_ok = deadline is None or (mode == "ahead" and slack_now - d - lag > reserve_now + BIG_CUSHION_CYCLES * (d + lag))
+
+        def worth(c: Candidate) -> bool:
+            saving = _switch_saving_usd(k0, c, w_rem, lifes_h or {}, d)
+            unit = d / 3600 * c.price_usd_per_hour
+            return (room_ok and saving > SWITCH_MARGIN * unit) or (big_ok and saving > BIG_SWITCH_MARGIN * unit)
+
         movers = [c for c in allowed if c is not k0 and (
             (c.rate > k0.rate * (1 + 1e-9) and c.score > k0.score)
-            or (room_ok and all(p.market == SPOT for p in c.placements) and c.rate >= k0.rate * (1 - 1e-9)
-                and _switch_saving_usd(k0, c, w_rem, lifes_h or {}, d) > SWITCH_MARGIN * d / 3600 * c.price_usd_per_hour))]
+            or (all(p.market == SPOT for p in c.placements) and c.rate >= k0.rate * (1 - 1e-9) and worth(c)))]
         allowed = movers + keep
     elif keep and not job.restarting and keep[0].score >= allowed[0].score * (1 - 1e-9):
         allowed = keep + [c for c in allowed if c is not keep[0]]

@@ -186,3 +186,27 @@ def test_leaves_on_demand_for_an_established_run_only_when_slack_is_short() -> N
     only_fresh = [dataclasses.replace(old, spot_available=0), new]
     b = pol.decide(PolicyInput(now_s=now, jobs=[job], offerings=only_fresh, history=hist))[0]
     assert [(p.offering_key, p.market) for p in b.placements] == [(old.key, ON_DEMAND)]
+
+
+def test_moves_to_a_much_cheaper_long_run_even_with_moderate_slack() -> None:
+    """A gang on a dear zone moves to a zone 23 % cheaper whose run has lasted 2 h when the saving
+    pays many restarts, although the slack (2.3 h at fraction 0.9) is short of the usual cushion;
+    a small saving does not move it."""
+    from autoscaler.policy import MarketHistory
+
+    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]}, objective={"deadline": "24h"},
+                     simulate={"work_gpu_hours": 21.6})
+    dear = Offering("aws", "us-west-2", "us-west-2b", "p3.2xlarge", "V100", 1, 3.06, 1.09, spot_available=3)
+    cheap = Offering("gcp", "us-central1", "us-central1-a", "n1-standard-8", "V100", 1, 2.86, 0.84, spot_available=3)
+    now, watched = 10 * 3600.0, 500 * 3600.0
+    hist = {dear.key: MarketHistory(dear.key, watched_s=watched, available_s_at_least=(0.4 * watched,), drops=83, available_since_s=now - 20 * 3600),
+            cheap.key: MarketHistory(cheap.key, watched_s=watched, available_s_at_least=(0.76 * watched,), drops=119, available_since_s=now - 2.2 * 3600)}
+    job = JobView("m", spec, submitted_s=0, progress=0.46, held=(Held(dear.key, SPOT, 1),), restart_overhead_s=720)
+    pol = get_policy("default")
+
+    def where(offers: list[Offering]) -> list[tuple[str, str]]:
+        a = pol.decide(PolicyInput(now_s=now, jobs=[job], offerings=offers, history=hist, decision_interval_s=300))[0]
+        return [(p.offering_key, p.market) for p in a.placements]
+
+    assert where([dear, cheap]) == [(cheap.key, SPOT)]
+    assert where([dear, dataclasses.replace(cheap, spot_price_usd_per_hour=1.04)]) == [(dear.key, SPOT)]
