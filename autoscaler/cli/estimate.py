@@ -46,7 +46,10 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
         "runs": len(results),
         "cost_usd": {"median": float(np.median(cost)), "p10": float(np.percentile(cost, 10)), "p90": float(np.percentile(cost, 90))},
         "finish_hours": None if fin.size == 0 else {"median": float(np.median(fin)), "p10": float(np.percentile(fin, 10)), "p90": float(np.percentile(fin, 90))},
+        "deadline_hours": None if spec.objective.deadline_s is None else spec.objective.deadline_s / 3600,
         "deadline_met_share": float(np.mean([r.deadline_met for r in results])),
+        "budget_usd": spec.objective.budget_usd,
+        "failed_budget_share": float(np.mean([r.state == "FAILED_BUDGET" for r in results])),
         "finished_share": float(fin.size / len(results)),
         "on_demand_equivalent_usd": float(np.median(od)),
         "restart_overhead_s": job.restart_overhead_s,
@@ -61,4 +64,9 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
     if f is None:
         click.echo("finish: never within the simulated horizon")
     else:
-        click.echo(f"finish: {f['median']:.2f} h (range {f['p10']:.2f}-{f['p90']:.2f} h); deadline met in {out['deadline_met_share']:.0%} of runs")
+        click.echo(f"finish: {f['median']:.2f} h after submission (range {f['p10']:.2f}-{f['p90']:.2f} h)")
+    d = out["deadline_hours"]
+    click.echo("deadline: none" if d is None else f"deadline {d:g} h: met in {out['deadline_met_share']:.0%} of runs")
+    if out["budget_usd"] is not None:
+        click.echo(f"budget ${out['budget_usd']:g}: {out['failed_budget_share']:.0%} of runs would stop FAILED_BUDGET")
+    click.echo("(median, and 10th-90th percentile range over the simulated starts)")

@@ -70,3 +70,6 @@ def test_estimate_prints_a_range(files) -> None:  # type: ignore[no-untyped-def]
     out = json.loads(r.output.strip().splitlines()[-1])
     c = out["cost_usd"]
     assert c["p10"] <= c["median"] <= c["p90"] and out["finish_hours"]["median"] > 0
+    assert out["deadline_hours"] == 20 and 0 <= out["deadline_met_share"] <= 1
+    human = CliRunner().invoke(estimate, [str(files / "job.yaml"), "--trace", str(files / "trace.csv"), "--runs", "8"])
+    assert human.exit_code == 0 and "deadline 20 h: met in" in human.output, human.output
