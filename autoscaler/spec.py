@@ -45,7 +45,7 @@ def parse_duration_s(value: Any) -> float:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, allow_inf_nan=False)
 
 
 _ACCEL_RE = re.compile(r"^([A-Za-z0-9]+)(?::(\d+))?$")
@@ -147,7 +147,7 @@ class Objective(_Strict):
     deadline_s: float | None = Field(default=None, alias="deadline")
     budget_usd: float | None = Field(default=None, gt=0)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     @field_validator("deadline_s", mode="before")
     @classmethod
@@ -160,7 +160,7 @@ class Checkpoint(_Strict):
     interval_s: float = Field(default=600.0, alias="interval")
     keep: int = Field(default=3, ge=1)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     @field_validator("interval_s", mode="before")
     @classmethod
@@ -236,7 +236,7 @@ def _format_error(err: ValidationError) -> str:
     # deepest one that is about a value rather than about the branch's shape.
     shape = {"literal_error", "missing", "extra_forbidden", "model_type", "dict_type"}
     e = min(errors, key=lambda x: (x["type"] in shape if len(errors) > 1 else False, -len(x["loc"]))) if len(
-        {x["loc"][0] for x in errors}) == 1 else errors[0]
+        {x["loc"][0] if x["loc"] else "" for x in errors}) == 1 else errors[0]
     loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "function-before")))
     # Pydantic puts union branch names in the location; drop them for a readable path.
     loc = re.sub(r"\.(literal\[[^\]]*\]|SerialFraction|ProfileScaling|str|int|float|list\[.*?\])(?=\.|$)", "", loc)

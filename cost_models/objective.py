@@ -83,6 +83,3 @@ def spot_worth_switching(expected_life_s: float, restart_s: float, price_ratio: 
     need = (2.0 if from_on_demand else 1.0) * k * restart_s / (k - 1.0)
     return expected_life_s > need
 
-
-def projected_spend_usd(cost_so_far_usd: float, price_usd_per_hour: float, seconds: float) -> float:
-    return cost_so_far_usd + price_usd_per_hour * max(0.0, seconds) / 3600.0

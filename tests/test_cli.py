@@ -29,6 +29,9 @@ BAD = {
     "unknown-accelerator": (GOOD.replace("T4:1", "X100:1"), "unknown accelerator 'X100'"),
     "empty-run": (GOOD.replace("run: python train.py", "run: '   '"), "run: must not be empty"),
     "not-a-mapping": ("- just\n- a list\n", "must be a YAML mapping"),
+    # A rule across two sections (a model-level check: pydantic gives it no field location).
+    "workers-over-logical": (GOOD.replace("max: 2", "max: 3"), "workers.max (3) exceeds training.logical_workers (2)"),
+    "infinite-work": (GOOD + "simulate: {work_gpu_hours: .inf}\n", "simulate.work_gpu_hours"),
 }
 
 

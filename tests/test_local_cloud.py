@@ -58,9 +58,12 @@ def test_trace_state_and_price_integral() -> None:
         ("a,b\n", "header must be"),
         (TRACE + "10,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,1,x,0.5,1\n", "line 5"),
         (TRACE + "5,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,1,0.1,0.5,1\n", "goes backwards"),
-        (TRACE + "9000,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,1,0.1,-0.5,1\n", "negative or zero"),
+        (TRACE + "9000,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,1,0.1,-0.5,1\n", "on_demand_price must be > 0"),
         (TRACE + "9000,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,1,nan,0.5,1\n", "finite"),
         (TRACE + "inf,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,1,0.1,0.5,1\n", "finite"),
+        (TRACE + "9000,aws,us-east-1,us-east-1a,g4dn.xlarge,,1,0.1,0.5,1\n", "accelerator is empty"),
+        (TRACE + "9000,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,2.5,0.1,0.5,1\n", "gpus must be a whole number"),
+        (TRACE + "9000,aws,us-east-1,us-east-1a,g4dn.xlarge,T4,1,0.1,0.5,99999999999999999999\n", "spot_available"),
     ],
 )
 def test_bad_traces_name_the_line(text: str, msg: str) -> None:

@@ -1,8 +1,9 @@
 """``spotrain estimate SPEC``: predicted cost and finish time, with a range, from the simulator.
 
 It runs the spotrain policy on the market trace from many seeded start times and reports the median
-and the 10th-90th percentile range of cost and finish time, plus the share of runs that met the
-deadline, the same numbers ``spotrain simulate --starts N`` would give one by one.
+and the 10th-90th percentile range of cost and finish time over the runs that finished, the share
+that did not (stopped by the budget, or not done within the horizon) and the share that met the
+deadline: the same numbers ``spotrain simulate --starts N`` would give one by one.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ import numpy as np
 
 from ..simulator import make_sim_job
 from ..spec import load_spec
+from .params import NON_NEGATIVE, SEED, STARTS
 from .simulate import load_trace, random_starts, run_many
 
 
 @click.command("estimate")
 @click.argument("spec_path", type=click.Path(dir_okay=False))
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="Market trace CSV (default: the bundled one).")
-@click.option("--runs", type=click.IntRange(min=1, max=10000), default=50, show_default=True, help="Simulated start times.")
-@click.option("--restart-overhead-hours", type=click.FloatRange(min=0), default=None, help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
-@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=None, help="Measured checkpoint save time.")
-@click.option("--restore-seconds", type=click.FloatRange(min=0), default=None, help="Measured restart + restore time.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--runs", type=STARTS, default=50, show_default=True, help="Simulated start times.")
+@click.option("--restart-overhead-hours", type=NON_NEGATIVE, default=None, help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
+@click.option("--checkpoint-seconds", type=NON_NEGATIVE, default=None, help="Measured checkpoint save time.")
+@click.option("--restore-seconds", type=NON_NEGATIVE, default=None, help="Measured restart + restore time.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True)
 def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_hours: float | None,
@@ -38,8 +40,11 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
                        restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
                        checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
     results = run_many(trace, job, "spotrain", random_starts(trace, job, runs, seed))
-    cost = np.array([r.cost_usd for r in results])
-    fin = np.array([r.finish_hours for r in results if r.finish_hours is not None])
+    done = [r for r in results if r.state == "SUCCEEDED"]
+    # Cost over the runs that finished (a run stopped by its budget spends less and says nothing of
+    # what finishing costs); the share that did not finish is reported beside it.
+    cost = np.array([r.cost_usd for r in (done or results)])
+    fin = np.array([r.finish_hours for r in done])
     od = np.array([r.on_demand_cost_usd for r in results])
     out = {
         "name": spec.name,
@@ -50,7 +55,7 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
         "deadline_met_share": float(np.mean([r.deadline_met for r in results])),
         "budget_usd": spec.objective.budget_usd,
         "failed_budget_share": float(np.mean([r.state == "FAILED_BUDGET" for r in results])),
-        "finished_share": float(fin.size / len(results)),
+        "finished_share": float(len(done) / len(results)),
         "on_demand_equivalent_usd": float(np.median(od)),
         "restart_overhead_s": job.restart_overhead_s,
     }
@@ -60,6 +65,9 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
     c = out["cost_usd"]
     click.echo(f"{spec.name}: cost ${c['median']:.2f} (range ${c['p10']:.2f}-${c['p90']:.2f}) over {len(results)} simulated starts, "
                f"restart overhead {job.restart_overhead_s / 60:.1f} min")
+    if len(done) < len(results):
+        click.echo(f"{len(results) - len(done)} of {len(results)} runs did not finish ({out['failed_budget_share']:.0%} stopped by the budget); "
+                   + ("the cost range is over the runs that did" if done else "the cost range is what they spent"))
     f = out["finish_hours"]
     if f is None:
         click.echo("finish: never within the simulated horizon")

@@ -12,11 +12,14 @@ from cloud_providers.local.market import MarketTrace, TraceError
 
 from ..errors import SpecError
 from ..policy import get_policy
+from ..policy.base import eligible_offerings
 from ..simulator import POLICIES, Simulation, make_sim_job, run_named
 from ..simulator.jobs import restart_overhead_from_measurements
+from ..simulator.omniscient import PlanTooLarge
 from ..simulator.workload import DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
 from ..simulator.engine import SimJob, SimResult
 from ..spec import load_spec
+from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat
 
 
 def load_trace(path: str | None) -> MarketTrace:
@@ -35,8 +38,15 @@ def random_starts(trace: MarketTrace, job: SimJob, n: int, seed: int) -> list[fl
 
 
 def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) -> list[SimResult]:
+    if not eligible_offerings(job.spec, trace.offerings_at(0.0)):
+        r = job.spec.resources
+        raise SpecError(f"trace error: no offering in the trace matches the job's resources (accelerators "
+                        f"{', '.join(map(str, r.accelerators))}; clouds {', '.join(r.clouds)})")
     sim = Simulation(trace, job.spec)
-    return [run_named(sim, job, policy, s) for s in starts]
+    try:
+        return [run_named(sim, job, policy, s) for s in starts]
+    except PlanTooLarge as exc:
+        raise SpecError(str(exc)) from None
 
 
 @click.command("simulate")
@@ -44,15 +54,15 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) 
 @click.option("--job", "job_path", default=None, type=click.Path(dir_okay=False), help="Job spec YAML (its simulate: and objective: sections).")
 @click.option("--workload", "workload_path", default=None, type=click.Path(dir_okay=False),
               help="Instead of --job: a job-arrival workload CSV (Pollux's name,time,application,num_replicas,batch_size); reports average JCT, cost and deadline misses.")
-@click.option("--deadline-factor", type=float, default=DEFAULT_DEADLINE_FACTOR, show_default=True,
+@click.option("--deadline-factor", type=FiniteFloat(), default=DEFAULT_DEADLINE_FACTOR, show_default=True,
               help="With --workload: each job's deadline is this many times its on-demand run time (0: no deadlines).")
 @click.option("--policy", type=click.Choice(POLICIES), default="spotrain", show_default=True)
-@click.option("--start-hours", type=float, default=0.0, show_default=True, help="Trace hour at which the job is submitted.")
-@click.option("--starts", type=click.IntRange(min=1), default=None, help="Run N seeded random start times instead (one JSON line each).")
-@click.option("--restart-overhead-hours", type=click.FloatRange(min=0), default=None, help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
-@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=None, help="Measured checkpoint save time.")
-@click.option("--restore-seconds", type=click.FloatRange(min=0), default=None, help="Measured restart + restore time.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--start-hours", type=NON_NEGATIVE, default=0.0, show_default=True, help="Trace hour at which the job is submitted.")
+@click.option("--starts", type=STARTS, default=None, help="Run N seeded random start times instead (one JSON line each).")
+@click.option("--restart-overhead-hours", type=NON_NEGATIVE, default=None, help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
+@click.option("--checkpoint-seconds", type=NON_NEGATIVE, default=None, help="Measured checkpoint save time.")
+@click.option("--restore-seconds", type=NON_NEGATIVE, default=None, help="Measured restart + restore time.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per run).")
 def command(trace_path: str | None, job_path: str | None, workload_path: str | None, deadline_factor: float, policy: str, start_hours: float, starts: int | None,
@@ -65,10 +75,15 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
         raise click.UsageError("--start-hours must be >= 0")
     trace = load_trace(trace_path)
     if workload_path is not None:
+        if starts is not None or overrides:
+            raise click.UsageError("--starts and --set apply to --job, not to --workload")
         _workload(trace, workload_path, policy, start_hours, restart_overhead_hours, checkpoint_seconds, restore_seconds, deadline_factor, as_json)
         return
     assert job_path is not None
     spec, _ = load_spec(job_path, overrides=overrides)
+    if policy == "omniscient" and spec.workers.min != spec.workers.max:
+        raise click.UsageError(f"--policy omniscient is defined for fixed-size jobs; this one has workers.min "
+                               f"{spec.workers.min} != workers.max {spec.workers.max}")
     job = make_sim_job(spec, spec_dir=Path(job_path).resolve().parent,
                        restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
                        checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
@@ -87,15 +102,18 @@ def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, ov
               checkpoint_seconds: float | None, restore_seconds: float | None, deadline_factor: float, as_json: bool) -> None:
     if policy == "omniscient":
         raise click.UsageError("--policy omniscient is defined for one fixed-size job, not for a workload")
-    if deadline_factor != 0 and deadline_factor <= 1:
-        raise click.UsageError("--deadline-factor must be > 1, or 0 for no deadlines")
+    if deadline_factor != 0 and not 1 < deadline_factor <= 1000:
+        raise click.UsageError("--deadline-factor must be in (1, 1000], or 0 for no deadlines")
     try:
         jobs = read_workload(path)
     except WorkloadError as exc:
         raise SpecError(f"workload error: {exc}") from None
     d = overhead_hours * 3600 if overhead_hours is not None else restart_overhead_from_measurements(checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
-    out = simulate_workload(trace, jobs, get_policy(policy), start_s=start_hours * 3600.0, restart_overhead_s=d,
-                            deadline_factor=None if deadline_factor == 0 else deadline_factor)
+    try:
+        out = simulate_workload(trace, jobs, get_policy(policy), start_s=start_hours * 3600.0, restart_overhead_s=d,
+                                deadline_factor=None if deadline_factor == 0 else deadline_factor)
+    except WorkloadError as exc:
+        raise SpecError(f"workload error: {exc}") from None
     if as_json:
         click.echo(json.dumps(out, sort_keys=True))
         return

@@ -13,6 +13,8 @@ from cost_models.scaling import AmdahlScaling, LinearScaling, Scaling, accelerat
 
 from .base import Held, JobView, Placement, PolicyInput, eligible_offerings
 
+# A market that refused capacity is avoided for this long (seconds).
+CAPACITY_BACKOFF_S = 600.0
 # Restart overhead assumed until the job's own checkpoint + restart times are measured (seconds).
 DEFAULT_RESTART_OVERHEAD_S = 360.0
 # Scaling assumed for a job whose throughput model is unknown (a profile the policy may not read):
@@ -136,8 +138,17 @@ def held_matches(held: Sequence[Held], placements: Sequence[Placement]) -> bool:
 
 
 def job_options(job: JobView, inp: PolicyInput) -> list[Offering]:
-    """Eligible offerings, without those that refused capacity in the last ``CAPACITY_BACKOFF_S``."""
-    return eligible_offerings(job.spec, inp.offerings)
+    """Eligible offerings; a spot market that refused the job capacity in the last
+    ``CAPACITY_BACKOFF_S`` counts as having no room (SkyPilot's failover moves on to the next zone),
+    unless the job already holds instances there."""
+    held = {h.offering_key for h in job.held if h.market == SPOT and h.instances > 0}
+    out = []
+    for o in eligible_offerings(job.spec, inp.offerings):
+        refused_s = job.recent_capacity_failures.get(o.key + "|" + SPOT)
+        if refused_s is not None and inp.now_s - refused_s < CAPACITY_BACKOFF_S and o.key not in held:
+            o = dataclasses.replace(o, spot_available=0)
+        out.append(o)
+    return out
 
 
 def held_parts(held: Sequence[Held], by_key: Mapping[str, Offering]) -> list[tuple[Offering, int]]:

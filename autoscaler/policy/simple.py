@@ -13,9 +13,7 @@ from collections.abc import Mapping
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 
 from .base import Allocation, JobView, Placement, PolicyInput, eligible_offerings
-
-# How long (provider-clock seconds) an offering that refused capacity is avoided.
-CAPACITY_BACKOFF_S = 600.0
+from .jobmath import CAPACITY_BACKOFF_S
 
 
 class CheapestPolicy:

@@ -30,9 +30,10 @@ Per job (``plan_job``):
    - Exploitation: an intact spot gang runs until preempted; it moves only to a faster gang, or, while
      the slack stays above the reserve, to a spot offering whose saving over its expected remaining
      run (Lomax, so older runs last longer) pays three restarts.
-4. Budget: every candidate's projected spend (spent + price x expected time to finish) must fit the
-   hard budget. When even the cheapest way to finish does not fit, or the next decision interval could
-   overrun it, the job ends FAILED_BUDGET now, with the numbers in the reason.
+4. Budget: a candidate must be able to finish within the hard budget without further preemptions,
+   and one decision interval at its price must fit; those whose expected cost fits come first. When
+   no way to finish could fit (spot offerings without room now included: their room may come back),
+   the job ends FAILED_BUDGET now, with the numbers in the reason; when only such spot fits, it waits.
 
 Jointly (``SpotrainPolicy.decide``): jobs are served in order of urgency (Safety Net, then behind,
 then the rest, each by best score); each takes its best candidate that fits the spot room left on each
@@ -54,9 +55,8 @@ from cost_models import objective
 from cost_models.scaling import Scaling
 
 from .base import Allocation, JobView, MarketHistory, Placement, PolicyInput, eligible_offerings
-from .jobmath import gang_rate, job_scaling, on_demand_allowed, remaining_work, restart_overhead_s, spot_allowed
+from .jobmath import CAPACITY_BACKOFF_S, gang_rate, job_scaling, on_demand_allowed, remaining_work, restart_overhead_s, spot_allowed
 
-CAPACITY_BACKOFF_S = 600.0
 # Planning horizon for goodput per dollar when the job has no nearer end (seconds).
 HORIZON_S = 6 * 3600.0
 URGENT, BEHIND, NORMAL = 0, 1, 2
@@ -85,6 +85,9 @@ SWITCH_CUSHION_CYCLES = 4.0
 # enough (a running gang on a dear zone next to a long run of one 20 % cheaper, hours from the end).
 BIG_SWITCH_MARGIN = 8.0
 BIG_CUSHION_CYCLES = 1.0
+# A job on demand with no spot room gives its gang up to wait only with this many restart cycles
+# (2d + lag) of slack above the reserve.
+OD_RELEASE_CYCLES = 1.0
 # Float tolerance (seconds) on the slack: a gang that entered spot with exactly the Safety Net's
 # slack must not be moved off it by rounding.
 SLACK_TOLERANCE_S = 1.0
@@ -95,7 +98,6 @@ class MarketView:
     """Per-offering estimates, computed once per decision and shared by all jobs."""
 
     hazard_per_hour: float
-    available_fraction_by_count: tuple[float, ...]
     mean_outage_s: float
 
 
@@ -125,25 +127,17 @@ class JobPlan:
 def market_view(o: Offering, h: MarketHistory | None) -> MarketView:
     if h is None:
         ev = hz.HazardEvidence()
-        frac = tuple(hz.PRIOR_AVAILABLE_FRACTION for _ in range(8))
     else:
         avail = h.available_s_at_least[0] if h.available_s_at_least else 0.0
         ev = hz.HazardEvidence(held_hours=h.spot_seconds_held / 3600, preemptions=h.preemptions,
                                watched_hours=h.watched_s / 3600, available_hours=avail / 3600, drops=h.drops)
-        w = h.watched_s / 3600
-        prior_w = hz.PRIOR_AVAILABILITY_HOURS
-        frac = tuple((hz.PRIOR_AVAILABLE_FRACTION * prior_w + a / 3600) / (prior_w + w) for a in h.available_s_at_least) or (hz.available_fraction(ev),)
-    return MarketView(hz.hazard_per_hour(ev), frac, hz.mean_outage_hours(ev) * 3600)
+    return MarketView(hz.hazard_per_hour(ev), hz.mean_outage_hours(ev) * 3600)
 
 
 def _age_h(h: MarketHistory | None, now_s: float) -> float | None:
     if h is not None and h.available_since_s is not None:
         return max(0.0, now_s - h.available_since_s) / 3600
     return None
-
-
-def _age_hazard(view: MarketView, h: MarketHistory | None, now_s: float) -> float:
-    return hz.age_hazard_per_hour(view.hazard_per_hour, _age_h(h, now_s))
 
 
 class _KeyedOffering(Offering):
@@ -400,7 +394,6 @@ def plan_job(
         R = deadline - now
         C = w_rem / fallback_rate
         slack = R - C
-        on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
         reserve = _reserve_s(usable, views, C, d, lag, safety)
         slack_now, reserve_now = slack, reserve
         if slack < safety:
@@ -444,7 +437,7 @@ def plan_job(
         slack_left = (deadline - now) - w_rem / fallback_rate  # type: ignore[operator]
         fast = [c for c in scored if c.rate >= fallback_rate - 1e-12]
         on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
-        k = _price_ratio(by_key, cur, fallback_rate, scored)
+        k = _price_ratio(scored)
         # Leaving on-demand for spot costs a restart now and one more when preempted: only while the
         # slack still covers that cycle beyond the Safety Net, and the spot life is worth it (5.4).
         cycle_ok = slack_left >= safety + 2.0 * d + lag
@@ -463,9 +456,17 @@ def plan_job(
         reason = "slack at the reserve: progress now (spot if any)"
     elif mode == "ahead":
         on_od = bool(held) and all(m == ON_DEMAND for (_, m) in held)
-        k = _price_ratio(by_key, cur, fallback_rate, scored)
+        k = _price_ratio(scored)
         allowed = [c for c in scored if all(p.market == SPOT for p in c.placements) and _life_ok(c, hazards_all, d, k, from_od=on_od)]
         reason = "slack above the reserve: spot only, else wait"
+        soonest_s = min((views[o.key].mean_outage_s for o in usable if o.key in views), default=math.inf)
+        if not allowed and on_od and not job.restarting and slack_now <= reserve_now + max(OD_RELEASE_CYCLES * (2.0 * d + lag), soonest_s):
+            # Hysteresis: the reserve shrinks with the work left while the slack on demand does not,
+            # so a job put on demand at the reserve soon sits just above it. Releasing the gang to
+            # wait for spot and taking it back a decision later would pay a restart each time: it
+            # lets go only with slack for a restart cycle and for the spot market expected back first.
+            allowed = [c for c in scored if c.placements == cur]
+            reason = "slack just above the reserve: stays on demand until spot has room"
         if allowed and (not cur or job.restarting):
             # Slack to spare: rather than start on a dear spot offering, wait for a cheaper one to
             # have room, as long as its expected outage leaves the slack above the reserve.
@@ -484,22 +485,33 @@ def plan_job(
     budget = spec.objective.budget_usd
     if budget is not None:
         left = budget - job.cost_so_far_usd
-        fits = []
-        cheapest_finish = math.inf
+        # A candidate fits when finishing on it without further preemptions (and one decision
+        # interval at its price) fits the money left; it fits comfortably when its expected cost,
+        # preemptions priced in, does too. The job fails only when no way of finishing could fit,
+        # spot offerings without room at the moment included: those may come back.
+        fits, comfy = [], []
         for c in scored:
+            switch = 0.0 if c.placements == cur and not job.restarting else d
+            nominal = c.price_usd_per_hour * (w_rem / c.rate + switch) / 3600
             lam = sum(hazards_all.get(p.offering_key, hz.PRIOR_HAZARD_PER_HOUR) for p in c.placements if p.market == SPOT)
-            t_fin = w_rem / c.rate / objective.productive_fraction(lam, loss_s) + (0.0 if c.placements == cur and not job.restarting else d)
-            need = c.price_usd_per_hour * t_fin / 3600
-            cheapest_finish = min(cheapest_finish, c.price_usd_per_hour * (w_rem / c.rate + (0.0 if c.placements == cur else d)) / 3600)
-            if need <= left and c.price_usd_per_hour * lag / 3600 <= left:
+            expected = c.price_usd_per_hour * (w_rem / c.rate / objective.productive_fraction(lam, loss_s) + switch) / 3600
+            if nominal <= left and c.price_usd_per_hour * lag / 3600 <= left:
                 fits.append(c)
-        if w_rem > 0 and scored and cheapest_finish > left:
+                if expected <= left:
+                    comfy.append(c)
+        cheapest_finish = _cheapest_finish_usd(job, usable, scaling, scored, cur, w_rem, d)
+        if w_rem > 0 and cheapest_finish > left:
             return JobPlan(job.job_id, urgency, (), (f"budget: finishing needs at least ${cheapest_finish:.2f} more, "
                                                      f"${max(left, 0):.2f} of ${budget:.2f} left"), fail_state="FAILED_BUDGET")
         fit_set = set(id(c) for c in fits)
-        allowed = [c for c in allowed if id(c) in fit_set]
+        comfy_set = set(id(c) for c in comfy)
+        allowed = [c for c in allowed if id(c) in comfy_set] or [c for c in allowed if id(c) in fit_set]
         if not allowed and mode in ("safety-net", "behind"):
-            allowed = [c for c in fits if c.rate > 0]
+            allowed = [c for c in comfy if c.rate > 0] or [c for c in fits if c.rate > 0]
+        if not allowed and not fits:
+            return JobPlan(job.job_id, urgency, (), (f"budget: only spot fits the ${max(left, 0):.2f} left "
+                                                     f"(at least ${cheapest_finish:.2f}); waiting for spot room"),
+                           wake_s=now + lag)
     # Best goodput per dollar first; among candidates within FASTER_TOLERANCE of the best, the faster
     # one wins (a job that finishes sooner is exposed to fewer preemptions and frees its quota).
     best = max((c.score for c in allowed), default=0.0)
@@ -536,6 +548,33 @@ def plan_job(
     return JobPlan(job.job_id, urgency, tuple(allowed), reason, wake_s=wake)
 
 
+def _cheapest_finish_usd(job: JobView, options: Sequence[Offering], scaling: Scaling, scored: Sequence[Candidate],
+                         cur: tuple[Placement, ...], w_rem: float, d: float) -> float:
+    """A lower bound on the money needed to finish: the cheapest candidate now without preemptions,
+    or a homogeneous gang of ``workers.min`` GPUs on any eligible offering, spot ones without room
+    at the moment included (their room may come back), after one restart."""
+    best = math.inf
+    for c in scored:
+        switch = 0.0 if c.placements == cur and not job.restarting else d
+        best = min(best, c.price_usd_per_hour * (w_rem / c.rate + switch) / 3600)
+    n = job.spec.workers.min
+    for o in options:
+        if n % o.gpus:
+            continue
+        k = n // o.gpus
+        rate = gang_rate(scaling, ((o, k),))
+        if rate <= 0:
+            continue
+        prices = []
+        if spot_allowed(job) and o.spot_price_usd_per_hour is not None:
+            prices.append(o.spot_price_usd_per_hour)
+        if on_demand_allowed(job):
+            prices.append(o.on_demand_price_usd_per_hour)
+        for p in prices:
+            best = min(best, p * k * (w_rem / rate + d) / 3600)
+    return best
+
+
 def _pressure_weight(job: JobView, options: Sequence[Offering], scaling: Scaling, w_rem: float, now_s: float) -> float:
     """1 + (k - 1) * pressure, k = on-demand / spot price (per GPU, best of each), pressure in [0, 1]."""
     if job.deadline_s is None or not options:
@@ -554,7 +593,7 @@ def _pressure_weight(job: JobView, options: Sequence[Offering], scaling: Scaling
     return 1.0 + (k - 1.0) * pressure
 
 
-def _price_ratio(by_key: Mapping[str, Offering], cur: tuple[Placement, ...], fallback_rate: float, scored: Sequence[Candidate]) -> float:
+def _price_ratio(scored: Sequence[Candidate]) -> float:
     """k = on-demand / spot price per unit of work (best of each)."""
     od = min((c.price_usd_per_hour / c.rate for c in scored if all(p.market == ON_DEMAND for p in c.placements)), default=math.inf)
     sp = min((c.price_usd_per_hour / c.rate for c in scored if any(p.market == SPOT for p in c.placements)), default=math.inf)

@@ -146,6 +146,9 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         offers = {o.key: o for o in sim.offerings_at(t)}
         # 1. The market: preempt spot surplus (the notice was given; checkpoint if it is long enough).
         broken = False
+        short_notice = False
+        # The gang's rate before this event: the work since the last checkpoint was made at it.
+        rate_before = gang_rate(job.scaling, ((offers[kk], nn) for (kk, _), nn in holdings.items())) if holdings else 0.0
         for (k, m), n in list(holdings.items()):
             if m != SPOT:
                 continue
@@ -159,9 +162,11 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
                 else:
                     del holdings[(k, m)]
                 if offers[k].notice_seconds < job.checkpoint_save_s and job.checkpoint_save_s > 0:
-                    interval = spec.checkpoint.interval_s
-                    rate_before = gang_rate(job.scaling, ((offers[kk], nn) for (kk, _), nn in holdings.items()))
-                    progress = max(0.0, progress - rate_before * (run_since_ckpt % interval))
+                    short_notice = True
+        if short_notice:
+            # A notice shorter than the checkpoint's save time: the gang restarts from the last
+            # periodic checkpoint, losing what it did since (once per event, for the whole gang).
+            progress = max(0.0, progress - rate_before * (run_since_ckpt % spec.checkpoint.interval_s))
         # 2. The policy (every loop iteration is an event: a market change, a wake-up or the start).
         view = JobView(
             job_id=job.job_id,

@@ -66,6 +66,8 @@ def make_sim_job(
 def run_named(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:
     """Run one of ``POLICIES`` from ``start_s``."""
     if policy == "omniscient":
+        if job.spec.workers.min != job.spec.workers.max:
+            raise ValueError("omniscient is defined for fixed-size jobs (workers.min == workers.max)")
         plan = plan_omniscient(sim, job, start_s)
         return sim.run(job, PlanPolicy(plan), start_s)
     if policy not in POLICIES:

@@ -18,12 +18,15 @@ one minute of the first configuration's rate.
 The finishing tick is billed pro rata, as the simulator bills it. The plan is then replayed through the
 simulator by ``PlanPolicy``, so omniscient's reported figures come from the same accounting as every
 other policy. It is exact (a true lower bound for all the homogeneous policies on the same grid) when
-``d`` is a whole number of minutes and the configurations run at equal speed; progress is rounded
-down otherwise, which keeps the plan feasible.
+``d`` is a whole number of minutes, the configurations run at equal speed and the trace changes on
+the grid (the generator's traces do); progress is rounded down otherwise, and spot room counts only
+for a tick it lasts through, which keeps the plan feasible (its replay costs what it planned) but
+lets an online policy that uses a partial tick of room beat it on such a trace.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 
@@ -36,6 +39,12 @@ from ..policy.jobmath import gang_rate, on_demand_allowed, spot_allowed
 from .engine import SimJob, Simulation
 
 UNIT_S = 60.0
+# Bound on the DP (ticks x modes x work units): the benchmark's 24 h jobs need about 3e6 per start.
+MAX_DP_CELLS = 2e8
+
+
+class PlanTooLarge(ValueError):
+    """The offline problem is beyond ``MAX_DP_CELLS`` (a very long deadline or a lot of work)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +150,10 @@ def plan_omniscient(sim: Simulation, job: SimJob, start_s: float, *, horizon_s: 
             busy[i, s] = min(grid, left)
             prog[i, s] = int(math.floor(c.rate * max(0.0, grid - left) / unit + 1e-9))
     n_modes = 1 + len(cfgs) * (n_sub + 1)
+    size = n_ticks * n_modes * max(n_w, 1)
+    if size > MAX_DP_CELLS:
+        raise PlanTooLarge(f"omniscient: {n_ticks} ticks x {n_modes} modes x {n_w} work units is too large to plan "
+                         f"(at most {MAX_DP_CELLS:.0e}); shorten the deadline or the work")
 
     def mode(i: int, s: int) -> int:
         return 1 + i * (n_sub + 1) + s
@@ -158,6 +171,10 @@ def plan_omniscient(sim: Simulation, job: SimJob, start_s: float, *, horizon_s: 
     for k in range(n_ticks):
         t = start + k * grid
         offers = {o.key: o for o in sim.offerings_at(t)}
+        # Room must last the whole tick: a trace may change between grid points.
+        inside = sim.change_times[bisect.bisect_right(sim.change_times, t): bisect.bisect_left(sim.change_times, t + grid)]
+        room = {key: min([o.spot_available or 0] + [sim.trace.offering_at(key, x).spot_available or 0 for x in inside])
+                for key, o in offers.items()} if inside else {key: o.spot_available or 0 for key, o in offers.items()}
         am = np.argmin(cost, axis=0)
         m_any = cost[am, ws]
         new = np.full((n_modes, n_w), inf)
@@ -165,7 +182,7 @@ def plan_omniscient(sim: Simulation, job: SimJob, start_s: float, *, horizon_s: 
         new[0] = m_any
         for i, c in enumerate(cfgs):
             o = offers[c.key]
-            if c.market == SPOT and (o.spot_price_usd_per_hour is None or (o.spot_available or 0) < c.instances):
+            if c.market == SPOT and (o.spot_price_usd_per_hour is None or room[c.key] < c.instances):
                 continue
             price_s = o.price_usd_per_hour(c.market) * c.instances / 3600.0
             moves = [(-1, m_any, 0)] + [(s_src, cost[mode(i, s_src)], s_src) for s_src in range(min(1, n_sub), n_sub + 1)]

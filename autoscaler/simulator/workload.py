@@ -28,6 +28,7 @@ import bisect
 import csv
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from cost_models.scaling import ProfileScaling, pollux_model
 
 from ..policy.base import Held, JobView, Policy, PolicyInput
 from ..policy.jobmath import gang_rate
+from ..errors import SpecError
 from ..spec import JobSpec, spec_from_dict
 from .engine import GRID_S, MAX_DECISION_GAP_S
 
@@ -59,6 +61,11 @@ DEFAULT_DEADLINE_FACTOR = 4.0
 WORK_SCALE = {"yolov3": 0.25}
 
 
+# Sanity bounds on a workload row (Pollux's workloads ask for at most 64 replicas and batch 4096).
+MAX_REPLICAS = 4096
+MAX_BATCH = 1 << 20
+
+
 class WorkloadError(ValueError):
     """A workload file that cannot be read; the message names the line and the field."""
 
@@ -78,9 +85,11 @@ class WorkloadJob:
 
 def read_workload(path: str | Path) -> list[WorkloadJob]:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise WorkloadError(f"workload {path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"workload {path}: not UTF-8 text (a CSV workload is expected)") from None
     rows = list(csv.DictReader(text.splitlines()))
     out = []
     for i, r in enumerate(rows, start=2):
@@ -90,8 +99,11 @@ def read_workload(path: str | Path) -> list[WorkloadJob]:
             raise WorkloadError(f"workload {path}: line {i}: bad or missing column ({exc})") from None
         if job.application not in APPLICATION_PROFILE:
             raise WorkloadError(f"workload {path}: line {i}: application {job.application!r} unknown (known: {', '.join(sorted(APPLICATION_PROFILE))})")
-        if job.replicas < 1 or job.batch_size < 1 or job.submit_s < 0:
-            raise WorkloadError(f"workload {path}: line {i}: time, num_replicas and batch_size must be positive")
+        if job.replicas < 1 or job.batch_size < 1 or not 0 <= job.submit_s < math.inf:
+            raise WorkloadError(f"workload {path}: line {i}: time, num_replicas and batch_size must be positive (and time finite)")
+        if job.replicas > MAX_REPLICAS or job.batch_size > MAX_BATCH:
+            raise WorkloadError(f"workload {path}: line {i}: num_replicas (at most {MAX_REPLICAS}) or batch_size "
+                                f"(at most {MAX_BATCH}) out of range")
         out.append(job)
     if not out:
         raise WorkloadError(f"workload {path}: no jobs")
@@ -109,7 +121,7 @@ def work_gpu_seconds(application: str) -> float:
 def workload_spec(job: WorkloadJob, offerings: Sequence[Offering], work_s: float, deadline_s: float | None) -> JobSpec:
     accs = sorted({f"{o.accelerator}:{o.gpus}" for o in offerings if job.replicas % o.gpus == 0})
     d: dict[str, Any] = {
-        "name": "w-" + "".join(c if c.isalnum() else "-" for c in job.name.lower()),
+        "name": "w-" + (re.sub(r"[^a-z0-9]+", "-", job.name.lower()).strip("-")[:40] or "job"),
         "run": "simulated",
         "resources": {"accelerators": accs, "clouds": sorted({o.cloud for o in offerings})},
         "workers": {"min": job.replicas, "max": job.replicas},
@@ -157,13 +169,17 @@ def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: P
         work = work_gpu_seconds(j.application)
         fits = [o for o in offers0 if j.replicas % o.gpus == 0]
         if not fits:
-            raise ValueError(f"job {j.name}: no offering in the trace fits {j.replicas} replicas")
+            raise WorkloadError(f"job {j.name}: no offering in the trace fits {j.replicas} replicas")
         # The deadline's unit: the run time on the on-demand gang cheapest per unit of work (what the
         # on-demand baseline runs), so that running on demand always meets it.
         od = min(fits, key=lambda o: o.on_demand_price_usd_per_hour / gang_rate(scaling, ((o, j.replicas // o.gpus),)))
         base_s = work / gang_rate(scaling, ((od, j.replicas // od.gpus),)) + restart_overhead_s
         deadline = None if deadline_factor is None else deadline_factor * base_s
-        runs.append(_Run(j, workload_spec(j, fits, work, deadline), scaling, work, deadline))
+        try:
+            spec = workload_spec(j, fits, work, deadline)
+        except SpecError as exc:
+            raise WorkloadError(f"job {j.name}: {str(exc).removeprefix('spec error: ')}") from None
+        runs.append(_Run(j, spec, scaling, work, deadline))
     t = start_s
     end = start_s + max_s
     change_times = sorted(trace.change_times())
@@ -201,6 +217,9 @@ def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: P
                         room[k] -= n
             for r, a in zip(active, allocs):
                 if a.fail_state:
+                    for (k, m), n in r.holdings.items():
+                        if m == SPOT:
+                            room[k] += n  # its spot instances go back to the market for the others
                     r.state, r.holdings = a.fail_state, {}
                     continue
                 target: dict[tuple[str, str], int] = {}

@@ -34,6 +34,9 @@ HEADER = (
     "on_demand_price",
     "spot_available",
 )
+# Sanity bounds: GPUs per instance and spot instances per offering (a typo, not a market).
+MAX_GPUS = 64
+MAX_SPOT_AVAILABLE = 1_000_000
 
 
 class TraceError(ValueError):
@@ -140,18 +143,32 @@ class MarketTrace:
             if len(row) != len(HEADER):
                 raise TraceError(f"{source}: line {lineno}: expected {len(HEADER)} columns, got {len(row)}")
             rec = dict(zip(HEADER, (c.strip() for c in row)))
+            for name in ("cloud", "region", "zone", "instance_type", "accelerator"):
+                if not rec[name]:
+                    raise TraceError(f"{source}: line {lineno}: {name} is empty")
+            field = "time_s"
             try:
                 t = float(rec["time_s"])
+                field = "gpus"
                 gpus = int(rec["gpus"])
+                field = "spot_price"
                 spot = float(rec["spot_price"]) if rec["spot_price"] else None
+                field = "on_demand_price"
                 od = float(rec["on_demand_price"])
+                field = "spot_available"
                 avail = int(rec["spot_available"]) if rec["spot_available"] else 0
-            except ValueError as exc:
-                raise TraceError(f"{source}: line {lineno}: {exc}") from None
+            except ValueError:
+                kind = "a whole number" if field in ("gpus", "spot_available") else "a number"
+                raise TraceError(f"{source}: line {lineno}: {field} must be {kind} (got {rec[field]!r})") from None
             if not all(math.isfinite(x) for x in (t, od, spot if spot is not None else 1.0)):
                 raise TraceError(f"{source}: line {lineno}: times and prices must be finite numbers")
-            if t < 0 or gpus < 1 or od <= 0 or avail < 0 or (spot is not None and spot <= 0):
-                raise TraceError(f"{source}: line {lineno}: negative or zero value")
+            for name, value, low in (("time_s", t, 0.0), ("gpus", gpus, 1), ("on_demand_price", od, 1e-12),
+                                     ("spot_available", avail, 0), ("spot_price", spot if spot is not None else 1.0, 1e-12)):
+                if value < low:
+                    raise TraceError(f"{source}: line {lineno}: {name} must be {'>= 0' if low == 0 else '> 0'} (got {rec[name]!r})")
+            if gpus > MAX_GPUS or avail > MAX_SPOT_AVAILABLE:
+                raise TraceError(f"{source}: line {lineno}: gpus (at most {MAX_GPUS}) or spot_available (at most "
+                                 f"{MAX_SPOT_AVAILABLE}) out of range")
             s = _Series(rec["cloud"], rec["region"], rec["zone"], rec["instance_type"], rec["accelerator"], gpus, [], [])
             key = cls._key(s)
             s = series.setdefault(key, s)
@@ -168,9 +185,11 @@ class MarketTrace:
     def load(cls, path: str | Path) -> "MarketTrace":
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8-sig")
         except OSError as exc:
             raise TraceError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+        except UnicodeDecodeError:
+            raise TraceError(f"{path}: not UTF-8 text (a CSV market trace is expected)") from None
         return cls.parse(text, source=str(path))
 
     @classmethod

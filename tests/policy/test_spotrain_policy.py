@@ -68,10 +68,28 @@ def test_budget_fails_early_with_a_clear_reason() -> None:
     spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 400})
     a = _decide(JobView("b", spec, submitted_s=0, progress=0.0), offers)
     assert a.fail_state == "FAILED_BUDGET" and "$" in a.reason and a.placements == ()
-    # Nearly spent: stop before the next decision could overrun.
+    # Nearly spent: finishing cannot fit any more.
     small = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 1})
     b = _decide(JobView("b", small, submitted_s=0, progress=0.5, cost_so_far_usd=4.99999), offers)
     assert b.fail_state == "FAILED_BUDGET"
+
+
+def test_budget_that_only_spot_fits_waits_for_spot_room_instead_of_failing() -> None:
+    t4 = Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge", "T4", 1, 0.526, 0.158, spot_available=2)
+    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 6}, simulate={"work_gpu_hours": 10})
+    job = JobView("w", spec, submitted_s=0, progress=0.0, restart_overhead_s=300)
+    # 10 V100-hours are 25 T4-hours: $6 covers them on spot ($3.96) but not on demand ($13.15); no
+    # spot room at the moment is no reason to fail.
+    out = _decide(job, [dataclasses.replace(t4, spot_available=0)])
+    assert out.fail_state is None and out.placements == () and "waiting for spot room" in out.reason
+    assert out.next_decision_s is not None
+    back = _decide(job, [t4])
+    assert [(p.offering_key, p.market) for p in back.placements] == [(t4.key, SPOT)]
+    # A budget between the cost without preemptions and the expected one still runs (it fails only
+    # once finishing without further preemptions no longer fits).
+    tight = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 3.99}, simulate={"work_gpu_hours": 10})
+    run = _decide(JobView("t", tight, submitted_s=0, progress=0.0, restart_overhead_s=300), [t4])
+    assert run.fail_state is None and [(p.offering_key, p.market) for p in run.placements] == [(t4.key, SPOT)]
 
 
 def test_deadline_behind_goes_on_demand_when_no_spot() -> None:

@@ -73,3 +73,36 @@ def test_estimate_prints_a_range(files) -> None:  # type: ignore[no-untyped-def]
     assert out["deadline_hours"] == 20 and 0 <= out["deadline_met_share"] <= 1
     human = CliRunner().invoke(estimate, [str(files / "job.yaml"), "--trace", str(files / "trace.csv"), "--runs", "8"])
     assert human.exit_code == 0 and "deadline 20 h: met in" in human.output, human.output
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--start-hours", "nan"], "not a finite number"),
+    (["--restart-overhead-hours", "inf"], "not a finite number"),
+    (["--starts", "2", "--seed", "-1"], "--seed"),
+    (["--starts", "99999999999"], "--starts"),
+])
+def test_simulate_rejects_non_finite_and_out_of_range_options(files, args: list[str], expected: str) -> None:  # type: ignore[no-untyped-def]
+    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(files / "job.yaml"), *args])
+    assert r.exit_code == 2 and expected in r.output, r.output
+
+
+def test_trace_and_workload_input_errors_are_spec_errors(files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    r = CliRunner().invoke(simulate, ["--trace", str(binary), "--job", str(files / "job.yaml")])
+    assert isinstance(r.exception, SpecError) and "not UTF-8" in str(r.exception)
+    r = CliRunner().invoke(simulate, ["--workload", str(binary), "--trace", str(files / "trace.csv")])
+    assert isinstance(r.exception, SpecError) and "not UTF-8" in str(r.exception)
+    # No offering of the trace matches the job: say so instead of simulating nothing.
+    other = files / "job.yaml"
+    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(other), "--set", "resources.accelerators=[A100:1]"])
+    assert isinstance(r.exception, SpecError) and "no offering in the trace matches" in str(r.exception)
+    wl = tmp_path / "w.csv"
+    wl.write_text("name,time,application,num_replicas,batch_size\njob!,10,cifar10,1,128\n")
+    r = CliRunner().invoke(simulate, ["--workload", str(wl), "--trace", str(files / "trace.csv"), "--json"])
+    assert r.exit_code == 0, r.output  # any job name will do
+    wl.write_text("name,time,application,num_replicas,batch_size\na,nan,cifar10,1,128\n")
+    r = CliRunner().invoke(simulate, ["--workload", str(wl), "--trace", str(files / "trace.csv")])
+    assert isinstance(r.exception, SpecError) and "line 2" in str(r.exception)
+    r = CliRunner().invoke(simulate, ["--workload", str(wl), "--trace", str(files / "trace.csv"), "--starts", "3"])
+    assert r.exit_code == 2 and "--workload" in r.output

@@ -70,10 +70,37 @@ def test_all_jobs_finish_and_on_demand_meets_every_deadline(tmp_path: Path) -> N
     assert res["spotrain"]["deadline_misses"] == 0
     # Spot is a third of the price: with 4x deadlines the spot policies pay well under on demand.
     assert res["spotrain"]["cost_usd"] < 0.7 * res["on-demand"]["cost_usd"]
-    # Shared room: never more spot instances of an offering held than it has (checked via preemptions
-    # accounting being consistent, and per-job JCT at least the on-demand run time).
+    # No job finishes faster than on demand allows (the same gang, no restarts).
     for a, b in zip(res["on-demand"]["per_job"], res["spotrain"]["per_job"]):
-        assert b["jct_hours"] >= a["jct_hours"] * 0.5
+        assert b["jct_hours"] >= a["jct_hours"] - 1e-6
+
+
+def test_jobs_share_spot_room(tmp_path: Path) -> None:
+    """At every decision, the spot instances all jobs hold on an offering fit its room."""
+    trace = generate_trace(MULTI_ZONE, hours=24 * 4, seed=4)
+    jobs = read_workload(_small(tmp_path))
+    inner = get_policy("greedy-spot")
+    seen = {"decisions": 0, "max_share": 0.0}
+
+    class Watching:
+        name = "watching"
+
+        def decide(self, inp):  # type: ignore[no-untyped-def]
+            room = {o.key: o.spot_available or 0 for o in inp.offerings}
+            held: dict[str, int] = {}
+            for j in inp.jobs:
+                for h in j.held:
+                    if h.market == "spot":
+                        held[h.offering_key] = held.get(h.offering_key, 0) + h.instances
+            for k, n in held.items():
+                assert n <= room[k], (inp.now_s, k, n, room[k])
+                seen["max_share"] = max(seen["max_share"], n / max(room[k], 1))
+            seen["decisions"] += 1
+            return inner.decide(inp)
+
+    r = simulate_workload(trace, jobs, Watching(), restart_overhead_s=120)
+    assert r["finished"] == r["jobs"] and seen["decisions"] > 10
+    assert seen["max_share"] == 1.0  # some offering was filled to its room at some point
 
 
 def test_cli_workload_json(tmp_path: Path) -> None:

@@ -1,0 +1,35 @@
+"""Option types shared by the CLI commands: numbers that must be finite (``nan`` and ``inf`` parse as
+floats, and would otherwise reach the simulator as a hang or a traceback)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+
+class FiniteFloat(click.ParamType):
+    """A finite float, optionally at least ``min``."""
+
+    name = "number"
+
+    def __init__(self, min: float | None = None) -> None:  # noqa: A002 - click's own spelling
+        self.min = min
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(x):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.min is not None and x < self.min:
+            self.fail(f"{value!r} is below {self.min:g}", param, ctx)
+        return x
+
+
+NON_NEGATIVE = FiniteFloat(min=0.0)
+SEED = click.IntRange(min=0, max=2**32 - 1)
+# Start times per command: enough for any estimate, bounded so a typo cannot run for hours.
+STARTS = click.IntRange(min=1, max=10000)
