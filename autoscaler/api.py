@@ -93,7 +93,9 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         except ProviderError as exc:
             raise HTTPException(status_code=503, detail=f"the cloud refused to release the job's instances: {exc}") from None
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    # Job ids and costs are not for anyone on the network (``--host 0.0.0.0`` for remote agents):
+    # scrape with the token (Prometheus: ``authorization: {credentials_file: ~/.spotrain/token}``).
+    @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(auth)])
     def metrics() -> str:
         from .metrics import render_metrics
 

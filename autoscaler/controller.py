@@ -64,6 +64,11 @@ SWEEP_EVERY_TICKS = 10
 DECISION_GRACE_S = 120.0
 # Gangs lost in a row on healthy instances before any progress, after which the job fails.
 MAX_STALLED_RESTARTS = 5
+# A gang told to stop (rescale, a peer that checkpointed) gets this long to checkpoint and exit (the
+# runtime's notice deadline) ...
+STOP_NOTICE_S = 30.0
+# ... and the controller stops it this long after that (a checkpoint of a large model takes time).
+STOP_GRACE_S = 120.0
 
 # Fault injection for crash-recovery tests (docs/aws.md): the probability, 0..1, that the controller
 # dies as if SIGKILLed right after the cloud accepted a launch and before the result is recorded. That
@@ -186,6 +191,19 @@ class Controller:
                 Store.transition(s, job, JobState.CANCELLED, "cancelled by user")
             return job_summary(job, self.store.instances(s, job.job_id))
 
+    def fail_abandoned(self, ref: str, why: str) -> dict[str, Any]:
+        """End a live job of this controller as FAILED, releasing everything it holds: for jobs whose
+        owner is gone for good (an embedded ``spotrain run`` that was killed)."""
+        with self._lock, self.store.session() as s:
+            job = self.store.job(s, ref)
+            if job is None:
+                raise JobNotFound(f"no job {ref!r}")
+            if not JobState(job.state).terminal:
+                self._release_all(s, job, why)
+                job.gang_attempt = 0
+                Store.transition(s, job, JobState.FAILED, why)
+            return job_summary(job, self.store.instances(s, job.job_id))
+
     # ----- the reconcile loop -----
     def tick(self) -> None:
         with self._lock:
@@ -210,10 +228,14 @@ class Controller:
                 row = s.get(InstanceRow, inst.instance_id)
                 if row is not None:
                     self._on_instance_change(s, row, inst.state, inst.interruption, inst.terminated_at_s)
+            # A provider reports a change once: keep it even if a cloud call later in this tick fails.
+            s.commit()
             jobs = self.store.jobs(s, controller_id=self.controller_id, live_only=True)
+            # The sweep runs with no live job too: a launch call that raised may still have created an
+            # instance for a job that has ended since (cancelled, over budget); it must not bill on.
+            self._sweep(s)
             if not jobs:
                 return
-            self._sweep(s)
             offerings = list(self.provider.offerings())
             now_s = self.provider.now_s()
             self._market.observe(now_s, offerings)
@@ -344,11 +366,17 @@ class Controller:
                     return
             self._gang_ended(s, job, gang, "an instance of the gang was lost; resuming from the last checkpoint")
             return
+        if job.gang_stopping and job.gang_stop_deadline is not None and time.time() > job.gang_stop_deadline:
+            # Told to checkpoint and exit, it has not (a rank hung in a collective, a script that does
+            # not watch its notices): stop it, or the old gang and its replacements would both bill on.
+            for r in gang:
+                self.executor.stop(r.instance_id)
+            self._gang_ended(s, job, gang, f"the gang did not exit within {STOP_NOTICE_S + STOP_GRACE_S:.0f} s of being told to stop; "
+                                           "stopped, resuming from the last checkpoint")
+            return
         if any(c == protocol.EXIT_RESCHEDULE for c in codes.values()) and not job.gang_stopping:
             # A rank checkpointed and left: its peers must follow, not wait for it in a collective.
-            job.gang_stopping = "peer-checkpointed"
-            for r in gang:
-                self.executor.notify(r.instance_id, {"reason": protocol.NOTICE_RESCALE, "deadline_unix_s": time.time() + 30})
+            self._tell_gang_to_stop(job, gang, "peer-checkpointed")
         if job.state not in (JobState.RUNNING.value, JobState.RESCALING.value):
             Store.transition(s, job, JobState.RUNNING, "workers running")
 
@@ -386,10 +414,17 @@ class Controller:
         job.gang_attempt = 0
         Store.transition(s, job, JobState.SUCCEEDED, "training finished")
 
+    def _tell_gang_to_stop(self, job: Job, gang: list[InstanceRow], why: str) -> None:
+        job.gang_stopping = why
+        job.gang_stop_deadline = time.time() + STOP_NOTICE_S + STOP_GRACE_S
+        for r in gang:
+            self.executor.notify(r.instance_id, {"reason": protocol.NOTICE_RESCALE, "deadline_unix_s": time.time() + STOP_NOTICE_S})
+
     def _gang_ended(self, s: Session, job: Job, gang: list[InstanceRow], reason: str) -> None:
         stopping = job.gang_stopping
         job.gang_attempt = 0
         job.gang_stopping = ""
+        job.gang_stop_deadline = None
         self._gang_stopped_at[job.job_id] = time.time()
         Store.note(s, job, "gang-stopped", reason)
         if stopping == "rescale":
@@ -402,6 +437,7 @@ class Controller:
             self.executor.stop(r.instance_id)
         job.gang_attempt = 0
         job.gang_stopping = ""
+        job.gang_stop_deadline = None
         logfile = logs_dir(job.job_id) / f"attempt-{job.attempt}-rank-{rank}.log"
         what = f"rank {rank} exited with code {code} (log: {logfile})"
         spec = self._spec(job)
@@ -497,9 +533,7 @@ class Controller:
             gang = [r for r in rows if r.attempt == job.gang_attempt]
             if missing or surplus or {r.instance_id for r in gang} != {r.instance_id for r in keep}:
                 if not job.gang_stopping and not any(r.state == InstanceState.NOTICE.value for r in gang):
-                    job.gang_stopping = "rescale"
-                    for r in gang:
-                        self.executor.notify(r.instance_id, {"reason": protocol.NOTICE_RESCALE, "deadline_unix_s": time.time() + 30})
+                    self._tell_gang_to_stop(job, gang, "rescale")
                     Store.transition(s, job, JobState.RESCALING, f"resizing to {alloc.reason}")
                 # Launch replacements now, while the old gang checkpoints (overlaps the notice window).
                 self._launch(s, job, missing, by_key)
@@ -580,6 +614,7 @@ class Controller:
         job.gang_started_at = time.time()
         job.gang_start_step = job.step
         job.gang_stopping = ""
+        job.gang_stop_deadline = None
         world = sum(r.gpus for r in members)
         for r in members:
             r.attempt = job.attempt

@@ -40,6 +40,8 @@ def ensure_token() -> str:
 def ensure_secret(p: Path) -> str:
     """Read a secret file, creating it with a fresh random token (mode 0600, never wider) if absent."""
     if p.exists():
+        if p.stat().st_mode & 0o077:
+            os.chmod(p, 0o600)  # a secret readable by others is narrowed, not used as found
         return p.read_text().strip()
     tok = secrets.token_urlsafe(32)
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

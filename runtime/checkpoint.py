@@ -20,6 +20,7 @@ unpickled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +48,9 @@ from .serialization import (
 from .store import Store
 
 log = logging.getLogger(__name__)
+# Written into a checkpoint directory that failed verification: it is skipped from then on.
+CORRUPT_MARKER = "CORRUPT"
+MANIFEST_HASH_KEY = "manifest_sha256"
 
 FORMAT = "spotrain-checkpoint/1"
 STATE_FILE = "state.safetensors"
@@ -110,7 +114,13 @@ class CheckpointManager:
         the next forward and backward pass run: CheckFreq's pipelined snapshot, which leaves only the
         other tensors' copy as a stall."""
         t0 = time.perf_counter()
-        self.wait()  # the buffer of an in-flight persist must not be overwritten
+        # The buffer of an in-flight persist must not be overwritten. If that earlier persist failed,
+        # this checkpoint supersedes it: say so, and write this one (it may be the notice's, which
+        # must not be lost to a stale periodic failure).
+        try:
+            self.wait()
+        except CheckpointError as exc:
+            log.warning("an earlier checkpoint was not written (%s); writing step %d instead", exc, step)
         skeleton, tensors = flatten(state, "state")
         tensors = {name: t.detach() for name, t in tensors.items()}
         if self._layout is None or self._layout.key != layout_key(tensors):
@@ -235,12 +245,18 @@ class CheckpointManager:
             with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="spotrain-shard") as pool:
                 files = dict(pool.map(write, shards))
         manifest = dict(snap.manifest, files=files, created_unix_s=time.time())
+        manifest[MANIFEST_HASH_KEY] = _manifest_sha256(manifest)
         with self.store.writer(f"{base}/{MANIFEST_FILE}") as f:
             f.write(json.dumps(manifest, indent=1).encode())
         self.last_durable_step = snap.step
         self.last_durable_unix_s = time.time()
         self.last_persist_s = time.perf_counter() - t0
-        self.prune()
+        # Best effort, after the durable point: a failed list or delete must not fail a checkpoint
+        # that is already complete (the next one prunes again).
+        try:
+            self.prune()
+        except Exception as exc:  # noqa: BLE001 - any store error; logged, retried next time
+            log.warning("pruning old checkpoints failed (kept them): %s", exc)
 
     def prune(self) -> None:
         """Keep the newest ``keep`` complete checkpoints; drop older and abandoned partial ones."""
@@ -262,7 +278,9 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------- reading
     def steps(self) -> list[int]:
-        return sorted(int(n) for n in self.store.list_dir("checkpoints") if n.isdigit())
+        """Checkpoint steps present, except those set aside as corrupt."""
+        found = sorted(int(n) for n in self.store.list_dir("checkpoints") if n.isdigit())
+        return [s for s in found if not self.store.exists(f"checkpoints/{s}/{CORRUPT_MARKER}")]
 
     def load(self, step: int) -> LoadedCheckpoint:
         """Read and verify checkpoint ``step``; raises :class:`CheckpointCorrupt`."""
@@ -280,6 +298,10 @@ class CheckpointManager:
             raise CheckpointCorrupt(f"checkpoint {step}: manifest is not valid JSON ({exc})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("step") != step:
             raise CheckpointCorrupt(f"checkpoint {step}: manifest has the wrong format or step")
+        # The manifest carries the state's skeleton (data position, hyperparameters, RNG states): it is
+        # hashed too, over its canonical JSON without the hash itself.
+        if MANIFEST_HASH_KEY in manifest and manifest[MANIFEST_HASH_KEY] != _manifest_sha256(manifest):
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest fails its sha256 check")
         files = manifest.get("files")
         if not isinstance(files, dict) or not files:
             raise CheckpointCorrupt(f"checkpoint {step}: manifest lists no files")
@@ -328,11 +350,19 @@ class CheckpointManager:
                 return self.load(step)
             except CheckpointCorrupt as exc:
                 log.warning("skipping checkpoint: %s", exc)
-                if self.writer:  # so that pruning and the next resume do not count it again
-                    self.store.delete_tree(f"checkpoints/{step}")
+                if self.writer:
+                    # Set aside, not deleted (a format change or a store fault should leave evidence
+                    # and a way back); the next resume and pruning no longer count it.
+                    with self.store.writer(f"checkpoints/{step}/{CORRUPT_MARKER}") as f:
+                        f.write(str(exc).encode())
         if steps:
             log.error("no checkpoint under %s verifies; starting from scratch", self.store.uri)
         return None
+
+
+def _manifest_sha256(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_HASH_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]], *, threads: int) -> None:

@@ -143,6 +143,7 @@ class NoticeWatcher:
         self._stop_notice: Notice | None = None
         self._pending_checkpoint: Notice | None = None
         self._rebalance_seen = False
+        self._sigterm = False  # set by the SIGTERM handler, read by poll()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._old_handler: Callable[[int, FrameType | None], Any] | int | None = None
@@ -162,12 +163,18 @@ class NoticeWatcher:
 
     def close(self) -> None:
         self._closing.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
         if self._old_handler is not None:
             signal.signal(signal.SIGTERM, self._old_handler)
             self._old_handler = None
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self._record(Notice(reason=protocol.NOTICE_PREEMPTION, source="sigterm"))
+        # Signal handlers run on the main thread between bytecodes, possibly while it holds
+        # ``self._lock`` (in ``poll``): taking the lock here could deadlock. Only set a flag;
+        # ``poll`` turns it into the notice.
+        self._sigterm = True
 
     def _record(self, notice: Notice) -> None:
         with self._lock:
@@ -191,6 +198,8 @@ class NoticeWatcher:
 
     def poll(self) -> tuple[Notice | None, Notice | None]:
         """(stop notice, checkpoint-only notice); the latter is returned once."""
+        if self._sigterm and self._stop_notice is None:
+            self._record(Notice(reason=protocol.NOTICE_PREEMPTION, source="sigterm"))
         if self._stop_notice is None and self.config.notice_file and os.path.exists(self.config.notice_file):
             found = read_notice_file(self.config.notice_file)
             if found is not None:

@@ -427,9 +427,17 @@ class ElasticTrainer:
 
     def close(self) -> None:
         self.watcher.close()
-        if self.is_rank0:
-            self.checkpoints.wait()
-        self.ctx.close()
+        try:
+            if self.is_rank0:
+                self.checkpoints.wait()
+        finally:
+            self.ctx.close()  # the process group goes even when the last persist failed
+
+    def __enter__(self) -> "ElasticTrainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _say(self, message: str) -> None:
         if self.is_rank0:

@@ -194,3 +194,111 @@ def test_failed_launch_call_is_settled_by_decision_tag(spotrain_home: Path, tmp_
     assert inst.instance_id in [r.instance_id for r in rows]
     assert len(ctl.provider.list_instances({TAG_DECISION: "d-inflight"})) == 1  # not launched twice
     ctl.cancel(job["job_id"])
+
+
+def test_a_failed_tick_keeps_what_the_cloud_reported(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """poll() reports a termination once; a cloud error later in the same tick must not lose it."""
+    from autoscaler.state import InstanceRow
+    from cloud_providers.errors import Throttled
+
+    monkeypatch.setenv("PW_STEPS", "100000")
+    monkeypatch.setenv("PW_STEP_S", "0.05")
+    ctl = make_controller("t-keep-poll")
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    try:
+        for _ in range(60):
+            ctl.tick()
+            if ctl.job_info(job["job_id"])["state"] == "RUNNING":
+                break
+            time.sleep(0.1)
+        info = ctl.job_info(job["job_id"])
+        assert info["state"] == "RUNNING", info
+        iid = info["workers"][0]["instance_id"]
+        ctl.provider.terminate(iid)  # the cloud takes it back; the next poll says so, once
+        real = ctl.provider.offerings
+        calls = {"n": 0}
+
+        def flaky():  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise Throttled("RequestLimitExceeded", cloud="local")
+            return real()
+
+        monkeypatch.setattr(ctl.provider, "offerings", flaky)
+        ctl.tick()
+        assert ctl.last_tick_error is not None and "Throttled" in ctl.last_tick_error
+        with ctl.store.session() as s:
+            row = s.get(InstanceRow, iid)
+            assert row is not None and row.state == "terminated" and row.terminated_at_s is not None
+    finally:
+        ctl.cancel(job["job_id"])
+        for _ in range(3):
+            ctl.tick()
+
+
+def test_an_instance_launched_by_a_failed_call_for_a_cancelled_job_is_terminated(
+    spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RunInstances created the instance but the call raised; the job is then cancelled before the
+    sweep adopted it. With no live job left the sweep must still find it by tag and terminate it."""
+    from cloud_providers.base import TAG_JOB
+    from cloud_providers.errors import Throttled
+
+    monkeypatch.setenv("PW_STEPS", "100000")
+    ctl = make_controller("t-leak")
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    real = ctl.provider.launch
+
+    def launch_then_fail(req):  # type: ignore[no-untyped-def]
+        real(req)  # the cloud launched it ...
+        raise Throttled("RunInstances timed out after retries", cloud="local")  # ... the call did not say so
+
+    monkeypatch.setattr(ctl.provider, "launch", launch_then_fail)
+    ctl.tick()
+    monkeypatch.setattr(ctl.provider, "launch", real)
+    assert [i for i in ctl.provider.list_instances({TAG_JOB: job["job_id"]}) if i.alive], "the fault did not launch"
+    assert ctl.cancel(job["job_id"])["state"] == "CANCELLED"
+    for _ in range(3):
+        ctl.tick()
+    assert not [i.instance_id for i in ctl.provider.list_instances({TAG_JOB: job["job_id"]}) if i.alive]
+
+
+@pytest.mark.e2e
+def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rescale tells the gang to checkpoint and exit; a script that never does (hung, or deaf to
+    notices) must not keep both the old gang and its replacements billing: past the deadline the
+    controller stops it and resumes from the last checkpoint."""
+    import autoscaler.controller as controller_mod
+    from autoscaler.policy import Allocation, Placement
+    from cloud_providers.base import SPOT
+
+    monkeypatch.setattr(controller_mod, "STOP_NOTICE_S", 0.5)
+    monkeypatch.setattr(controller_mod, "STOP_GRACE_S", 1.0)
+    monkeypatch.setenv("PW_STEPS", "200")
+    monkeypatch.setenv("PW_STEP_S", "0.05")
+    monkeypatch.setenv("PW_IGNORE_NOTICE", "1")
+    t0 = time.time()
+
+    class OneThenTwo:
+        """One spot worker for the first 2 s, then two on the same offering: a rescale."""
+
+        name = "one-then-two"
+
+        def decide(self, inp):  # type: ignore[no-untyped-def]
+            o = min((o for o in inp.offerings if o.accelerator == "T4" and (o.spot_available or 0) >= 2),
+                    key=lambda o: (o.spot_price_usd_per_hour, o.key))
+            n = 1 if time.time() - t0 < 2.0 else 2
+            return [Allocation(j.job_id, (Placement(o.key, SPOT, n),), reason=f"{n} worker(s)") for j in inp.jobs]
+
+    setup = local_cloud("t-deaf")
+    ctl = Controller(store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=OneThenTwo(),
+                     controller_id="t-deaf", tick_s=0.1, clock_rate=setup.clock_rate)
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    info = drive(ctl, job["job_id"], timeout_s=90)
+    assert info["state"] == "SUCCEEDED", info
+    kinds = [(e.kind, e.reason) for e in events(ctl, job["job_id"])]
+    assert any(k == "gang-stopped" and "did not exit within" in r for k, r in kinds), kinds
+    assert info["attempts"] >= 2

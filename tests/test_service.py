@@ -103,3 +103,62 @@ def test_unreachable_controller_is_one_line(spotrain_home: Path, tmp_path: Path)
     assert r.returncode != 0
     assert "cannot reach the controller" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.e2e
+def test_a_killed_spotrain_run_is_reaped_by_the_next_one(spotrain_home: Path, tmp_path: Path) -> None:
+    """SIGKILL takes the embedded controller of `spotrain run` down with it; its workers and its live
+    job would stay forever (and the job's name taken). The next `spotrain run` ends that job FAILED,
+    stops its workers, and runs."""
+    import os
+    import sys
+
+    spec = write_pw_spec(tmp_path)
+    p = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec), "--quiet"],
+                         env={**os.environ, "PW_STEPS": "100000", "PW_STEP_S": "0.05"},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(150):
+            if worker_pids(str(PROTOCOL_WORKER)):
+                break
+            time.sleep(0.2)
+        assert worker_pids(str(PROTOCOL_WORKER)), "the first run never started its workers"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    old = json.loads(run_cli("status", "--json").stdout.strip().splitlines()[-1])
+    assert [j["state"] for j in old] in (["RUNNING"], ["PROVISIONING"], ["PENDING"]), old
+    r = run_cli("run", str(spec), "--quiet", "--json", env={"PW_STEPS": "20", "PW_STEP_S": "0.02"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["state"] == "SUCCEEDED"
+    jobs = {j["job_id"]: j for j in json.loads(run_cli("status", "--json").stdout.strip().splitlines()[-1])}
+    first = jobs[old[0]["job_id"]]
+    assert first["state"] == "FAILED" and "killed" in first["reason"], first
+    deadline = time.time() + 10
+    while worker_pids(str(PROTOCOL_WORKER)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not worker_pids(str(PROTOCOL_WORKER))
+
+
+def test_metrics_need_the_token_and_a_wide_token_file_is_narrowed(spotrain_home: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    token = spotrain_home / "token"
+    token.write_text("sekret-token\n")
+    token.chmod(0o644)
+    ctl = start_controller(spotrain_home)
+    try:
+        url = json.loads((spotrain_home / "controller.json").read_text())["url"]
+        assert token.stat().st_mode & 0o777 == 0o600
+        try:
+            urllib.request.urlopen(url + "/metrics", timeout=10)
+            raise AssertionError("/metrics answered without the token")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+        req = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer sekret-token"})
+        body = urllib.request.urlopen(req, timeout=10).read().decode()
+        assert "spotrain_jobs" in body
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        ctl.wait(timeout=30)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
 import click
+
+OWNER_FILE = "owner.json"
+# A run whose owner file is missing (written right after its cloud starts) counts as abandoned only
+# once its job is this old: a run starting at the same moment is not mistaken for a dead one.
+OWNER_GRACE_S = 60.0
 
 
 @click.command("run")
@@ -23,7 +32,7 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
     from ..clouds import local_cloud
     from ..controller import Controller
     from ..errors import SpecError
-    from ..home import db_url
+    from ..home import db_url, localcloud_dir
     from ..policy import get_policy
     from ..spec import load_spec
     from ..state import JobState, Store
@@ -36,9 +45,11 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
             scenario = load_scenario(scenario_path)
         except ScenarioError as exc:
             raise SpecError(str(exc)) from None
+    store = Store(db_url())
+    reap_abandoned_runs(store)
     cloud_id = f"run-{uuid.uuid4().hex[:8]}"
     setup = local_cloud(cloud_id, scenario=scenario)
-    store = Store(db_url())
+    write_owner(localcloud_dir(cloud_id))
     ctl = Controller(
         store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
         controller_id=cloud_id, tick_s=0.25, clock_rate=setup.clock_rate,
@@ -106,3 +117,54 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
 
 
 command = run_command
+
+
+def _proc_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat): with the pid it names one
+    process, whatever pid reuse happened since."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def write_owner(cloud_dir: Path) -> None:
+    pid = os.getpid()
+    (cloud_dir / OWNER_FILE).write_text(json.dumps({"pid": pid, "start": _proc_start(pid)}))
+
+
+def _owner_alive(cloud_dir: Path) -> bool | None:
+    """True/False for a recorded owner, None when no owner was recorded."""
+    try:
+        owner: dict[str, Any] = json.loads((cloud_dir / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    start = _proc_start(int(owner.get("pid", -1)))
+    return start is not None and start == owner.get("start")
+
+
+def reap_abandoned_runs(store: Any) -> list[str]:
+    """End the jobs of earlier ``spotrain run`` commands that were killed (SIGKILL, a crash, a closed
+    terminal): their embedded controller died with them, so nothing would ever release their workers,
+    bill their last seconds or end them, and their names would stay taken. Each is re-opened on its
+    own local cloud, its instances terminated (which stops its workers) and the job marked FAILED."""
+    from ..clouds import local_cloud
+    from ..controller import Controller
+    from ..home import home
+    from ..policy import get_policy
+
+    with store.session() as s:
+        stale = [(j.job_id, j.controller_id, j.submitted_at) for j in store.jobs(s, live_only=True) if j.controller_id.startswith("run-")]
+    reaped: list[str] = []
+    for job_id, cid, submitted_at in stale:
+        cloud_dir = home() / "localcloud" / cid
+        alive = _owner_alive(cloud_dir)
+        if alive or (alive is None and time.time() - submitted_at < OWNER_GRACE_S):
+            continue
+        setup = local_cloud(cid)
+        ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
+                         controller_id=cid, tick_s=1.0, clock_rate=setup.clock_rate)
+        ctl.fail_abandoned(job_id, "the spotrain run that owned this job is gone (killed); its workers were stopped")
+        reaped.append(job_id)
+    return reaped

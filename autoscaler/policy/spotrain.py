@@ -326,7 +326,12 @@ def plan_job(
     by_key = {o.key: o for o in options}
     # Avoid offerings that refused capacity recently (except what the job already holds there).
     held = _held_map(job)
-    usable = [o for o in options if not (inp.now_s - job.recent_capacity_failures.get(o.key + "|" + SPOT, -1e18) < CAPACITY_BACKOFF_S and (o.key, SPOT) not in held)]
+    refused = {o.key for o in options if inp.now_s - job.recent_capacity_failures.get(o.key + "|" + SPOT, -1e18) < CAPACITY_BACKOFF_S}
+    usable = [o for o in options if not (o.key in refused and (o.key, SPOT) not in held)]
+    if refused:
+        # A market that refused the job capacity keeps what the job holds there, but is not asked for
+        # more until the back-off passes (else every decision retries the launch that just failed).
+        usable = [dataclasses.replace(o, spot_available=held.get((o.key, SPOT), 0)) if o.key in refused else o for o in usable]
     scaling = job_scaling(job)
     d = restart_overhead_s(job)
     lag = inp.decision_interval_s
@@ -499,8 +504,9 @@ def plan_job(
                 fits.append(c)
                 if expected <= left:
                     comfy.append(c)
-        cheapest_finish = _cheapest_finish_usd(job, usable, scaling, scored, cur, w_rem, d)
-        if w_rem > 0 and cheapest_finish > left:
+        # Over every eligible offering, those that refused capacity a moment ago included.
+        cheapest_finish = _cheapest_finish_usd(job, options, scaling, scored, cur, w_rem, d)
+        if w_rem > 0 and math.isfinite(cheapest_finish) and cheapest_finish > left:
             return JobPlan(job.job_id, urgency, (), (f"budget: finishing needs at least ${cheapest_finish:.2f} more, "
                                                      f"${max(left, 0):.2f} of ${budget:.2f} left"), fail_state="FAILED_BUDGET")
         fit_set = set(id(c) for c in fits)
@@ -508,7 +514,7 @@ def plan_job(
         allowed = [c for c in allowed if id(c) in comfy_set] or [c for c in allowed if id(c) in fit_set]
         if not allowed and mode in ("safety-net", "behind"):
             allowed = [c for c in comfy if c.rate > 0] or [c for c in fits if c.rate > 0]
-        if not allowed and not fits:
+        if not allowed and not fits and scored:
             return JobPlan(job.job_id, urgency, (), (f"budget: only spot fits the ${max(left, 0):.2f} left "
                                                      f"(at least ${cheapest_finish:.2f}); waiting for spot room"),
                            wake_s=now + lag)

@@ -62,6 +62,8 @@ class Job(Base):
     gang_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Set once a stop directive was sent to the running gang (rescale/cancel), with its reason.
     gang_stopping: Mapped[str] = mapped_column(String(32), default="")
+    # Wall time by which a gang told to stop must have exited; past it the controller stops it.
+    gang_stop_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     restarts_on_errors: Mapped[int] = mapped_column(Integer, default=0)
     # Step when the current gang started, and how many gangs in a row were lost before any progress.
     gang_start_step: Mapped[int] = mapped_column(Integer, default=0)

@@ -228,3 +228,36 @@ def test_moves_to_a_much_cheaper_long_run_even_with_moderate_slack() -> None:
 
     assert where([dear, cheap]) == [(cheap.key, SPOT)]
     assert where([dear, dataclasses.replace(cheap, spot_price_usd_per_hour=1.04)]) == [(dear.key, SPOT)]
+
+
+def test_a_market_that_refused_capacity_is_not_asked_for_more_during_the_back_off() -> None:
+    """The job holds one instance where a launch for a second just failed: it keeps that one and
+    does not retry the same market on every decision until the back-off has passed."""
+    from autoscaler.policy.jobmath import CAPACITY_BACKOFF_S
+
+    t4 = Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge", "T4", 1, 0.526, 0.158, spot_available=4)
+    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"], "spot": "always"}, workers={"min": 1, "max": 2},
+                     training={"logical_workers": 2, "global_batch_size": 64}, objective={}, simulate={"work_gpu_hours": 4})
+    now = 10_000.0
+    # Provisioning: one instance up, the launch of the second refused (the gang has not started yet).
+    job = JobView("c", spec, submitted_s=0, progress=0.1, held=(Held(t4.key, SPOT, 1),), restarting=True,
+                  recent_capacity_failures={t4.key + "|" + SPOT: now - 5})
+    a = _decide(job, [t4], now)
+    assert [(p.offering_key, p.market, p.instances) for p in a.placements] == [(t4.key, SPOT, 1)]
+    # The same market, after the back-off, for a gang starting afresh: both workers there again.
+    fresh = dataclasses.replace(job, held=(), restarting=True)
+    later = _decide(fresh, [t4], now - 5 + CAPACITY_BACKOFF_S + 1)
+    assert [(p.offering_key, p.market, p.instances) for p in later.placements] == [(t4.key, SPOT, 2)]
+
+
+def test_every_market_refusing_capacity_is_no_reason_to_fail_the_budget() -> None:
+    """Right after a round of capacity refusals nothing is usable for a while; a spot-only job with
+    a budget waits for the back-off instead of being failed as if finishing cost infinitely much."""
+    t4 = Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge", "T4", 1, 0.526, 0.158, spot_available=4)
+    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"], "spot": "always"}, objective={"budget_usd": 5},
+                     simulate={"work_gpu_hours": 1})
+    now = 10_000.0
+    job = JobView("r", spec, submitted_s=0, progress=0.5, restarting=True, cost_so_far_usd=0.06,
+                  recent_capacity_failures={t4.key + "|" + SPOT: now - 5})
+    a = _decide(job, [t4], now)
+    assert a.fail_state is None and a.placements == ()

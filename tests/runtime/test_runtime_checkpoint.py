@@ -84,7 +84,8 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path: Path, damage: str) -> N
     loaded = mgr.load_latest()
     assert loaded is not None and loaded.step == 1
     assert torch.equal(loaded.state["model"]["w"], _state(1)["model"]["w"])
-    assert mgr.steps() == [1]  # the corrupt one is removed by the writer
+    assert mgr.steps() == [1]  # the corrupt one is set aside by the writer, not deleted
+    assert (newest / "CORRUPT").read_text().startswith("checkpoint 2:") and (newest / "manifest.json").exists()
 
 
 def test_reader_never_deletes_and_all_corrupt_means_fresh_start(tmp_path: Path) -> None:
@@ -153,3 +154,50 @@ def test_s3_store_round_trip_fallback_and_pruning(monkeypatch: pytest.MonkeyPatc
         assert url == "s3://ckpts/team/job-1/final/model.safetensors"
         body = s3.get_object(Bucket="ckpts", Key="team/job-1/final/model.safetensors")["Body"].read()
         assert torch.equal(st_load(body)["w"], torch.ones(3))
+
+
+def test_a_failing_prune_or_an_earlier_failed_persist_does_not_lose_the_next_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pruning runs after the durable point and only logs its failures; a periodic persist that
+    failed is superseded by the next snapshot (say, the notice's) instead of blocking it."""
+    from runtime.errors import StoreError
+
+    mgr = CheckpointManager(make_store(f"file://{tmp_path}"), keep=1)
+    _save(mgr, 1)
+
+    def refuse(relpath: str) -> None:
+        raise StoreError(f"delete {relpath}: access denied")
+
+    monkeypatch.setattr(mgr.store, "delete_tree", refuse)
+    _save(mgr, 2)  # complete although step 1 could not be pruned
+    assert mgr.load_latest().step == 2  # type: ignore[union-attr]
+    monkeypatch.undo()
+    real_writer = mgr.store.writer
+    calls = {"n": 0}
+
+    def flaky_writer(relpath: str, **kw):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise StoreError(f"write {relpath}: connection reset")
+        return real_writer(relpath, **kw)
+
+    monkeypatch.setattr(mgr.store, "writer", flaky_writer)
+    mgr.persist_async(mgr.snapshot(3, _state(3), {"epoch": 1, "world_size": 2}), urgent=False)  # fails in the background
+    snap = mgr.snapshot(4, _state(4), {"epoch": 1, "world_size": 2})  # must not raise the stale failure
+    mgr.persist(snap)
+    assert mgr.load_latest().step == 4  # type: ignore[union-attr]
+
+
+def test_an_edited_manifest_fails_its_hash(tmp_path: Path) -> None:
+    """The manifest holds the state's skeleton (here the epoch): a change that keeps it valid JSON
+    must still be caught."""
+    mgr = CheckpointManager(make_store(f"file://{tmp_path}"), keep=3)
+    _save(mgr, 1)
+    _save(mgr, 2)
+    path = tmp_path / "checkpoints" / "2" / "manifest.json"
+    m = json.loads(path.read_text())
+    assert "manifest_sha256" in m
+    m["epoch"] = 9
+    path.write_text(json.dumps(m, indent=1))
+    with pytest.raises(CheckpointCorrupt, match="manifest fails its sha256"):
+        mgr.load(2)
+    assert mgr.load_latest().step == 1  # type: ignore[union-attr]

@@ -145,3 +145,15 @@ def test_notice_file_rescale_directive(tmp_path: Path) -> None:
         protocol.ENV_NOTICE_FILE: str(tmp_path / f"notice-{r}"), "RT_NOTICE_AT_STEP": "4" if r == 0 else "-1",
         "RT_NOTICE_REASON": "rescale"})
     assert _assert_stopped_together(res, tmp_path / "nf") == 5
+
+
+@pytest.mark.timeout(20)
+def test_sigterm_landing_inside_poll_does_not_deadlock() -> None:
+    """Python runs a signal handler on the main thread between bytecodes, possibly while that thread
+    holds the watcher's lock inside poll(); the handler must not take the lock."""
+    watcher = NoticeWatcher(NoticeConfig(handle_sigterm=False))
+    with watcher._lock:  # as if the signal arrived in poll()'s critical section
+        watcher._on_sigterm(signal.SIGTERM, None)
+    stop, _ = watcher.poll()
+    assert stop is not None and stop.source == "sigterm" and stop.stop
+    watcher.close()

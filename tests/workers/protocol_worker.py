@@ -2,7 +2,8 @@
 
 It counts steps (``PW_STEPS`` total, ``PW_STEP_S`` seconds each), resumes from the step it recorded
 under the checkpoint URI, writes progress, stops with exit 85 at the next step after a notice, and
-exits with ``PW_FAIL_CODE`` at step ``PW_FAIL_AT`` when asked (a user bug). The real runtime is tested
+exits with ``PW_FAIL_CODE`` at step ``PW_FAIL_AT`` when asked (a user bug); ``PW_IGNORE_NOTICE=1`` makes
+it ignore notices. The real runtime is tested
 end to end elsewhere; this isolates the controller's state machine.
 """
 
@@ -20,6 +21,8 @@ steps = int(os.environ.get("PW_STEPS", "20"))
 step_s = float(os.environ.get("PW_STEP_S", "0.05"))
 fail_at = int(os.environ.get("PW_FAIL_AT", "-1"))
 fail_code = int(os.environ.get("PW_FAIL_CODE", "3"))
+# A script that never looks at its notices (or hangs in a collective): it must be stopped for it.
+ignore_notice = os.environ.get("PW_IGNORE_NOTICE") == "1"
 notice = Path(os.environ["SPOTRAIN_NOTICE_FILE"])
 progress = Path(os.environ["SPOTRAIN_PROGRESS_FILE"])
 state = ckpt / "step.txt"
@@ -38,7 +41,7 @@ def report(extra=None):
 
 
 while step < steps:
-    if notice.exists():
+    if notice.exists() and not ignore_notice:
         if rank == 0:
             state.write_text(str(step))
         report()
