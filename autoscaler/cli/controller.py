@@ -51,6 +51,9 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # Listening from now on: a client that reads controller.json (written before the server's
+        # loop starts) queues in the backlog instead of being refused.
+        sock.listen(128)
     except OSError as exc:
         raise SpotrainError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     actual_port = sock.getsockname()[1]
