@@ -61,7 +61,12 @@ def burn_rate_usd_per_hour(rows: Iterable[InstanceRow], prices: Mapping[str, tup
     for row in rows:
         if row.state == InstanceState.TERMINATED.value:
             continue
-        od, spot = prices.get(row.offering_key, (0.0, None))
+        if row.offering_key not in prices:
+            # An offering the cloud no longer lists (or not this tick): the instance still bills, at
+            # what it has cost per second so far, or, before its first bill, at nothing better known.
+            total += row.cost_usd / row.billed_seconds * 3600.0 if row.billed_seconds > 0 else 0.0
+            continue
+        od, spot = prices[row.offering_key]
         total += spot if row.market == SPOT and spot is not None else od
     return total
 

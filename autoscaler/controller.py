@@ -128,6 +128,8 @@ class Controller:
         self._gang_stopped_at: dict[str, float] = {}
         self.last_tick_error: str | None = None
         self._market = MarketWatcher()
+        # Prices of the last successful offerings() call, for the budget guard of a tick whose cloud calls fail.
+        self._last_prices: dict[str, tuple[float, float | None]] = {}
         self._ticks = 0
         self._last_tick_wall_s = 0.0
         # job_id -> (last checkpoint step seen, wall time it was first seen)
@@ -222,6 +224,14 @@ class Controller:
                 self._last_tick_wall_s = time.monotonic() - t0
 
     def _tick(self) -> None:
+        # The hard budget first, from the database and the last prices seen, before any cloud call
+        # can fail this tick (a throttled DescribeInstances must not also switch the guard off).
+        if self._last_prices:
+            with self.store.session() as s:
+                for job in self.store.jobs(s, controller_id=self.controller_id, live_only=True):
+                    rows = self.store.instances(s, job.job_id)
+                    job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(self.provider, rows)
+                    self._budget_guard(s, job, rows, self._last_prices)
         changed = self.provider.poll()
         with self.store.session() as s:
             for inst in changed:
@@ -241,6 +251,7 @@ class Controller:
             self._market.observe(now_s, offerings)
             by_key = {o.key: o for o in offerings}
             prices = {o.key: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for o in offerings}
+            self._last_prices = prices
             views = []
             for job in jobs:
                 rows = self.store.instances(s, job.job_id)

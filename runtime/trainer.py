@@ -32,6 +32,7 @@ from .checkpoint import CheckpointManager, prefetch_latest
 from .config import TrainerConfig
 from .data import DataOrder, DataPosition, fetch, logical_workers_of
 from .dist import DistContext
+from .errors import StateError
 from .lr_scaling import lr_factor
 from .notices import NoticeWatcher
 from .progress import ProgressWriter
@@ -229,6 +230,7 @@ class ElasticTrainer:
         if step >= 0:
             if loaded is None:
                 loaded = self.checkpoints.load(step)
+            self._check_compatible(loaded.manifest, step)
             self.load_state_dict(loaded.state, loaded.manifest.get("rng"))
             self.resumed_from = step
             self.checkpoints.last_durable_step = step
@@ -240,6 +242,21 @@ class ElasticTrainer:
             with torch.no_grad():
                 for t in list(self.model.parameters()) + list(self.model.buffers()):
                     self.ctx.broadcast_(t.data)
+
+    def _check_compatible(self, manifest: dict[str, Any], step: int) -> None:
+        """The checkpoint must come from the same logical layout, seed and determinism mode: with
+        another, the data order and the per-logical-worker randomness change, and a bitwise job would
+        silently stop being bitwise. Those are refused in bitwise mode and warned about otherwise."""
+        ours = {"logical_workers": self.training.logical_workers, "seed": self.training.seed,
+                "determinism": self.training.determinism}
+        differ = {k: (manifest[k], v) for k, v in ours.items() if k in manifest and manifest[k] != v}
+        if not differ:
+            return
+        what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in differ.items())
+        if self.training.determinism == "bitwise" or manifest.get("determinism") == "bitwise":
+            raise StateError(f"checkpoint {step} was written with other training settings ({what}); resuming would "
+                             "break the bitwise guarantee: restore them, or start a new job")
+        self._say(f"warning: checkpoint {step} was written with other training settings ({what}); resuming anyway")
 
     # ------------------------------------------------------------------ loop
     @property
@@ -374,6 +391,7 @@ class ElasticTrainer:
             "data_position": self.position.state_dict(),
             "batch": self.batch.state_dict(),
             "determinism": self.training.determinism,
+            "seed": self.training.seed,
             "rng": rng_meta,
         }
         # Parameters and optimizer state change only in the next optimizer step, which first waits for
