@@ -36,6 +36,19 @@ def seed_logical_worker(seed: int, step: int, logical_rank: int) -> None:
     random.seed(s)
 
 
+def seed_between_steps(seed: int, step: int) -> None:
+    """Seed every global generator for the code that runs between optimizer steps (the loop body,
+    evaluation): the same on every rank and for every number of workers. Left as the last logical
+    worker's stream, it would depend on which logical workers a rank ran, and the state rank 0
+    checkpoints would not be every rank's."""
+    s = derive_seed(seed, "between", step)
+    torch.default_generator.manual_seed(s)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(s)
+    np.random.seed(s % (2**32))
+    random.seed(s)
+
+
 def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, json-able) describing every global generator, for the checkpoint manifest."""
     tensors = {"torch_cpu": torch.get_rng_state()}

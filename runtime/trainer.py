@@ -37,7 +37,7 @@ from .lr_scaling import lr_factor
 from .notices import NoticeWatcher
 from .progress import ProgressWriter
 from .reducer import GradientReducer, ReduceResult
-from .seeding import capture_rng_state, restore_rng_state, seed_logical_worker
+from .seeding import capture_rng_state, restore_rng_state, seed_between_steps, seed_logical_worker
 from .stats import GradientNoiseStats, estimate
 from .store import make_store
 from .timeline import Timeline, process_start_unix_s
@@ -327,6 +327,7 @@ class ElasticTrainer:
             self.reducer.end_logical(j, loss)
         result = self.reducer.reduce()
         self._apply_update(result)
+        seed_between_steps(self.training.seed, step)
         epoch_end = self.order.advance(self.position, B)
         self._pending = result
         dt = time.perf_counter() - t0

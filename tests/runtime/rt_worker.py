@@ -46,7 +46,9 @@ def main() -> int:
                                      lr_scheduler=scheduler)
     notice_at = int(os.environ.get("RT_NOTICE_AT_STEP", "-1"))
     sleep_s = float(os.environ.get("RT_STEP_SLEEP_S", "0"))
+    between = None
     for step in trainer:
+        between = torch.rand(1).item()  # a draw between steps (evaluation, augmentation set-up ...)
         if sleep_s:
             time.sleep(sleep_s)
         if step.step == notice_at and config.notices.notice_file:
@@ -58,7 +60,7 @@ def main() -> int:
     if out:
         with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json"), "w") as f:
             json.dump({"step": trainer.position.step, "code": code, "resumed_from": trainer.resumed_from,
-                       "world_size": trainer.ctx.world_size}, f)
+                       "world_size": trainer.ctx.world_size, "between_draw": between}, f)
     return code
 
 

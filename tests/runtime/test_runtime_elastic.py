@@ -44,6 +44,8 @@ def test_elastic_schedule_is_bitwise_identical(tmp_path: Path) -> None:
     four = rt_launch.run(4, _env(tmp_path, "four"), tmp_path)
     assert four.codes == [0] * 4, four.outputs
     _assert_same(rt_launch.final_tensors(tmp_path / "solo"), rt_launch.final_tensors(tmp_path / "four"))
+    # Randomness drawn between steps is the same on every rank and for every number of workers.
+    assert {s["between_draw"] for s in four.summaries} == {solo.summaries[0]["between_draw"]}
 
     env = _env(tmp_path, "elastic")
     schedule = [(4, 2, 3), (2, 1, 8), (1, 0, 12), (3, None, None)]
