@@ -46,6 +46,17 @@ def drive(ctl: Controller, job_id: str, timeout_s: float = 60.0) -> dict:
     raise AssertionError(f"job did not finish: {ctl.job_info(job_id)}")
 
 
+def tick_until_running(ctl: Controller, job_id: str, tries: int = 60) -> dict:
+    """Tick until the job's gang runs (or ``tries`` ticks pass); the job's summary."""
+    for _ in range(tries):
+        ctl.tick()
+        info = ctl.job_info(job_id)
+        if info["state"] == "RUNNING":
+            return info
+        time.sleep(0.1)
+    return ctl.job_info(job_id)
+
+
 def events(ctl: Controller, job_id: str) -> list:
     with ctl.store.session() as s:
         return ctl.store.events(s, job_id)
@@ -207,12 +218,7 @@ def test_a_failed_tick_keeps_what_the_cloud_reported(spotrain_home: Path, tmp_pa
     spec, workdir = load_spec(write_pw_spec(tmp_path))
     job = ctl.submit(spec, workdir)
     try:
-        for _ in range(60):
-            ctl.tick()
-            if ctl.job_info(job["job_id"])["state"] == "RUNNING":
-                break
-            time.sleep(0.1)
-        info = ctl.job_info(job["job_id"])
+        info = tick_until_running(ctl, job["job_id"])
         assert info["state"] == "RUNNING", info
         iid = info["workers"][0]["instance_id"]
         ctl.provider.terminate(iid)  # the cloud takes it back; the next poll says so, once
@@ -315,12 +321,7 @@ def test_the_budget_guard_runs_while_the_cloud_cannot_be_polled(spotrain_home: P
     # The policy takes the job for a small one (simulate.work_gpu_hours); it runs on until the money is gone.
     spec, workdir = load_spec(write_pw_spec(tmp_path, extra="objective: {budget_usd: 0.1}\nsimulate: {work_gpu_hours: 0.05}\n"))
     job = ctl.submit(spec, workdir)
-    for _ in range(60):
-        ctl.tick()
-        if ctl.job_info(job["job_id"])["state"] == "RUNNING":
-            break
-        time.sleep(0.1)
-    assert ctl.job_info(job["job_id"])["state"] == "RUNNING"
+    assert tick_until_running(ctl, job["job_id"])["state"] == "RUNNING"
 
     def throttled():  # type: ignore[no-untyped-def]
         raise Throttled("RequestLimitExceeded", cloud="local")

@@ -137,18 +137,26 @@ def held_matches(held: Sequence[Held], placements: Sequence[Placement]) -> bool:
     return a == b
 
 
-def job_options(job: JobView, inp: PolicyInput) -> list[Offering]:
-    """Eligible offerings; a spot market that refused the job capacity in the last
-    ``CAPACITY_BACKOFF_S`` counts as having no room (SkyPilot's failover moves on to the next zone),
-    unless the job already holds instances there."""
-    held = {h.offering_key for h in job.held if h.market == SPOT and h.instances > 0}
+def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float) -> list[Offering]:
+    """A spot market that refused the job capacity in the last ``CAPACITY_BACKOFF_S`` offers no more
+    room than the job already holds there (SkyPilot's failover moves on to the next zone; retrying
+    at once would fail again). Its on-demand side is untouched."""
+    held: dict[str, int] = {}
+    for h in job.held:
+        if h.market == SPOT and h.instances > 0:
+            held[h.offering_key] = held.get(h.offering_key, 0) + h.instances
     out = []
-    for o in eligible_offerings(job.spec, inp.offerings):
+    for o in offerings:
         refused_s = job.recent_capacity_failures.get(o.key + "|" + SPOT)
-        if refused_s is not None and inp.now_s - refused_s < CAPACITY_BACKOFF_S and o.key not in held:
-            o = dataclasses.replace(o, spot_available=0)
+        if refused_s is not None and now_s - refused_s < CAPACITY_BACKOFF_S:
+            o = dataclasses.replace(o, spot_available=held.get(o.key, 0))
         out.append(o)
     return out
+
+
+def job_options(job: JobView, inp: PolicyInput) -> list[Offering]:
+    """Eligible offerings, with room capped where spot capacity was refused (``cap_refused``)."""
+    return cap_refused(job, eligible_offerings(job.spec, inp.offerings), inp.now_s)
 
 
 def held_parts(held: Sequence[Held], by_key: Mapping[str, Offering]) -> list[tuple[Offering, int]]:

@@ -55,7 +55,7 @@ from cost_models import objective
 from cost_models.scaling import Scaling
 
 from .base import Allocation, JobView, MarketHistory, Placement, PolicyInput, eligible_offerings
-from .jobmath import CAPACITY_BACKOFF_S, gang_rate, job_scaling, on_demand_allowed, remaining_work, restart_overhead_s, spot_allowed
+from .jobmath import cap_refused, gang_rate, job_scaling, on_demand_allowed, remaining_work, restart_overhead_s, spot_allowed
 
 # Planning horizon for goodput per dollar when the job has no nearer end (seconds).
 HORIZON_S = 6 * 3600.0
@@ -326,12 +326,9 @@ def plan_job(
     by_key = {o.key: o for o in options}
     # Avoid offerings that refused capacity recently (except what the job already holds there).
     held = _held_map(job)
-    refused = {o.key for o in options if inp.now_s - job.recent_capacity_failures.get(o.key + "|" + SPOT, -1e18) < CAPACITY_BACKOFF_S}
-    usable = [o for o in options if not (o.key in refused and (o.key, SPOT) not in held)]
-    if refused:
-        # A market that refused the job capacity keeps what the job holds there, but is not asked for
-        # more until the back-off passes (else every decision retries the launch that just failed).
-        usable = [dataclasses.replace(o, spot_available=held.get((o.key, SPOT), 0)) if o.key in refused else o for o in usable]
+    # A market that refused capacity keeps what the job holds there but is not asked for more until
+    # the back-off passes (else every decision retries the launch that just failed).
+    usable = cap_refused(job, options, inp.now_s)
     scaling = job_scaling(job)
     d = restart_overhead_s(job)
     lag = inp.decision_interval_s
