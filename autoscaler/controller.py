@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from cloud_providers import protocol
 from cloud_providers.base import (
+    MIN_BILLED_S_ATTR,
     ON_DEMAND,
     SPOT,
     TAG_CONTROLLER,
@@ -466,6 +467,11 @@ class Controller:
         )
 
     # ----- money -----
+    def _guard_horizon_s(self) -> float:
+        """Provider seconds until the budget guard runs again: a few ticks, or longer when ticks run
+        slow (a throttled cloud)."""
+        return max(3.0 * self.tick_s, 2.0 * self._last_tick_wall_s + self.tick_s) * self.clock_rate
+
     def _budget_guard(
         self, s: Session, job: Job, rows: list[InstanceRow], prices: Mapping[str, tuple[float, float | None]]
     ) -> bool:
@@ -477,17 +483,34 @@ class Controller:
         if budget is None:
             return False
         rate = accounting.burn_rate_usd_per_hour(rows, prices)
-        # Until the guard runs again: a few ticks, or longer when ticks run slow (a throttled cloud).
-        horizon_s = max(3.0 * self.tick_s, 2.0 * self._last_tick_wall_s + self.tick_s) * self.clock_rate
-        if job.cost_usd + rate * horizon_s / 3600.0 < budget:
+        if job.cost_usd + rate * self._guard_horizon_s() / 3600.0 < budget:
             return False
+        self._end_over_budget(s, job, f"stopped at ${job.cost_usd:.2f} of a ${budget:.2f} budget: spending ${rate:.2f}/h would cross it")
+        return True
+
+    def _launch_over_budget(self, s: Session, job: Job, missing: list[tuple[str, str]], by_key: Mapping[str, Offering]) -> str | None:
+        """Why launching ``missing`` could cross the hard budget, or None. The cloud bills each launch
+        for at least its minimum (EC2: 60 s), which can be longer than the guard's horizon: what the
+        job has spent, plus its running instances until the guard runs again, plus each launch's
+        minimum bill must stay under the budget (the policy, planning in decision intervals, cannot
+        see the minimum)."""
+        budget = self._spec(job).objective.budget_usd
+        if budget is None or not missing:
+            return None
+        horizon_s = self._guard_horizon_s()
+        floor_s = max(float(getattr(self.provider, MIN_BILLED_S_ATTR, 0.0) or 0.0), horizon_s)
+        prices = {k: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for k, o in by_key.items()}
+        running = accounting.burn_rate_usd_per_hour(self.store.instances(s, job.job_id), prices) * horizon_s / 3600.0
+        launches = sum(by_key[k].price_usd_per_hour(m) * floor_s / 3600.0 for k, m in missing if k in by_key)
+        if job.cost_usd + running + launches < budget:
+            return None
+        return (f"budget: launching {len(missing)} instance(s) bills at least ${launches:.2f} "
+                f"({floor_s:.0f} s each at least), ${max(budget - job.cost_usd - running, 0.0):.2f} of ${budget:.2f} left")
+
+    def _end_over_budget(self, s: Session, job: Job, reason: str) -> None:
         self._release_all(s, job, "budget guard")
         job.gang_attempt = 0
-        Store.transition(
-            s, job, JobState.FAILED_BUDGET,
-            f"stopped at ${job.cost_usd:.2f} of a ${budget:.2f} budget: spending ${rate:.2f}/h would cross it",
-        )
-        return True
+        Store.transition(s, job, JobState.FAILED_BUDGET, reason)
 
     # ----- applying the policy's allocation -----
     def _view(self, job: Job, rows: list[InstanceRow], by_key: Mapping[str, Offering]) -> JobView:
@@ -547,6 +570,9 @@ class Controller:
                     self._tell_gang_to_stop(job, gang, "rescale")
                     Store.transition(s, job, JobState.RESCALING, f"resizing to {alloc.reason}")
                 # Launch replacements now, while the old gang checkpoints (overlaps the notice window).
+                if (why := self._launch_over_budget(s, job, missing, by_key)) is not None:
+                    self._end_over_budget(s, job, why)
+                    return
                 self._launch(s, job, missing, by_key)
             return
 
@@ -555,6 +581,9 @@ class Controller:
         if not alloc.placements:
             if job.state != JobState.PENDING.value:
                 Store.transition(s, job, JobState.PENDING, alloc.reason or "waiting for capacity")
+            return
+        if (why := self._launch_over_budget(s, job, missing, by_key)) is not None:
+            self._end_over_budget(s, job, why)
             return
         self._launch(s, job, missing, by_key)
         keep = [s.get(InstanceRow, r.instance_id) or r for r in keep]

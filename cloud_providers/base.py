@@ -118,6 +118,11 @@ class Billing:
     on_demand_cost_usd: float
 
 
+# A provider may declare the least it bills a launched instance, in seconds (EC2: 60 for Linux) as a
+# class attribute ``min_billed_s``; absent means none. The controller's hard-budget check counts it.
+MIN_BILLED_S_ATTR = "min_billed_s"
+
+
 @runtime_checkable
 class Provider(Protocol):
     name: str

@@ -335,3 +335,25 @@ def test_the_budget_guard_runs_while_the_cloud_cannot_be_polled(spotrain_home: P
     assert info["state"] == "FAILED_BUDGET", info
     assert info["cost_usd"] <= 0.1
     assert ctl.last_tick_error is not None and "Throttled" in ctl.last_tick_error
+
+
+def test_a_launch_whose_minimum_bill_would_cross_the_budget_is_not_made(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cloud that bills each launch for at least an hour (EC2's minimum is a minute): a job whose
+    work fits its budget but whose first launch's minimum bill does not ends FAILED_BUDGET before
+    anything is launched, with the numbers in the reason."""
+    monkeypatch.setenv("PW_STEPS", "40")
+    ctl = make_controller("t-minbill")
+    monkeypatch.setattr(ctl.provider, "min_billed_s", 3600.0, raising=False)
+    spec, workdir = load_spec(write_pw_spec(tmp_path, extra="objective: {budget_usd: 0.05}\nsimulate: {work_gpu_hours: 0.01}\n"))
+    job = ctl.submit(spec, workdir)
+    info = drive(ctl, job["job_id"], timeout_s=30)
+    assert info["state"] == "FAILED_BUDGET", info
+    assert "launching 1 instance(s) bills at least $" in info["reason"] and "3600 s each" in info["reason"], info["reason"]
+    assert ctl.provider.list_instances({TAG_JOB: job["job_id"]}) == []
+    assert info["cost_usd"] == 0.0
+    # Without the minimum, the same job runs to the end within its budget.
+    ctl2 = make_controller("t-minbill2")
+    job2 = ctl2.submit(spec, workdir)
+    info2 = drive(ctl2, job2["job_id"], timeout_s=60)
+    assert info2["state"] == "SUCCEEDED", info2
+    assert 0 < info2["cost_usd"] <= 0.05

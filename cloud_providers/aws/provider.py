@@ -85,6 +85,7 @@ class AwsProvider:
     """
 
     name = "aws"
+    min_billed_s = MIN_BILLED_S
 
     def __init__(
         self,
