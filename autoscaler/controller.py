@@ -566,13 +566,16 @@ class Controller:
         if job.gang_attempt:
             gang = [r for r in rows if r.attempt == job.gang_attempt]
             if missing or surplus or {r.instance_id for r in gang} != {r.instance_id for r in keep}:
+                if (why := self._launch_over_budget(s, job, missing, by_key)) is not None:
+                    growing = job.state == JobState.RUNNING.value and {r.instance_id for r in gang} <= {r.instance_id for r in keep}
+                    if not growing:
+                        self._end_over_budget(s, job, why)
+                    # A running gang that was only to grow keeps running as it is.
+                    return
                 if not job.gang_stopping and not any(r.state == InstanceState.NOTICE.value for r in gang):
                     self._tell_gang_to_stop(job, gang, "rescale")
                     Store.transition(s, job, JobState.RESCALING, f"resizing to {alloc.reason}")
                 # Launch replacements now, while the old gang checkpoints (overlaps the notice window).
-                if (why := self._launch_over_budget(s, job, missing, by_key)) is not None:
-                    self._end_over_budget(s, job, why)
-                    return
                 self._launch(s, job, missing, by_key)
             return
 

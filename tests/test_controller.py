@@ -357,3 +357,37 @@ def test_a_launch_whose_minimum_bill_would_cross_the_budget_is_not_made(spotrain
     info2 = drive(ctl2, job2["job_id"], timeout_s=60)
     assert info2["state"] == "SUCCEEDED", info2
     assert 0 < info2["cost_usd"] <= 0.05
+
+
+def test_a_running_gang_that_cannot_afford_to_grow_keeps_running(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that grows a running gang from one worker to two; if that launch could cross the
+    budget (``_launch_over_budget`` says so here), the gang keeps running as it is instead of the job
+    ending FAILED_BUDGET."""
+    from autoscaler.policy.base import Allocation, Placement
+
+    class GrowOnce:
+        name = "grow-once"
+
+        def decide(self, inp):  # type: ignore[no-untyped-def]
+            o = min((o for o in inp.offerings if o.spot_price_usd_per_hour and o.accelerator == "T4" and o.gpus == 1),
+                    key=lambda o: (o.spot_price_usd_per_hour, o.key))
+            return [Allocation(j.job_id, (Placement(o.key, "spot", 2 if j.held else 1),), reason="grow") for j in inp.jobs]
+
+    monkeypatch.setenv("PW_STEPS", "60")
+    monkeypatch.setenv("PW_STEP_S", "0.1")
+    ctl = make_controller("t-nogrow", "events:\n  - {at: 0s, spot_capacity: 2}\n", tmp_path)
+    ctl.policy = GrowOnce()
+    spec, workdir = load_spec(write_pw_spec(tmp_path))
+    job = ctl.submit(spec, workdir)
+    assert tick_until_running(ctl, job["job_id"])["state"] == "RUNNING"
+    asked: list[tuple[str, int]] = []
+
+    def over_budget(s, job_row, missing, by_key):  # type: ignore[no-untyped-def]
+        asked.append((job_row.state, len(missing)))
+        return "budget: test"
+
+    monkeypatch.setattr(ctl, "_launch_over_budget", over_budget)
+    info = drive(ctl, job["job_id"], timeout_s=60)
+    assert info["state"] == "SUCCEEDED", info
+    assert ("RUNNING", 1) in asked  # the policy did want a second worker
+    assert len(ctl.provider.list_instances({TAG_JOB: job["job_id"]})) == 1
