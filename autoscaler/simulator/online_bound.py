@@ -1,0 +1,203 @@
+"""An approximately Bayes-optimal *online* policy for the generator's markets: how close to omniscient
+any policy that does not know the future can get (``benchmarks/online_bound.py``).
+
+Omniscient (``omniscient.py``) knows the whole trace. This solves the best policy that knows only the
+past, by dynamic programming over the model ``tracegen`` samples from, with its true parameters (an
+online policy could only estimate them, so this is, if anything, optimistic for the online side):
+each zone alternates available runs and outages with Lomax lengths (shapes 1.5 and 2.0 at the zone's
+means), rounded to the 5-minute grid, independently per zone. For one fixed 1-instance job:
+
+    state   ticks to the deadline t, slack s in minutes (time left minus work left), where the job is
+            (waiting, on one zone's spot, on demand), and per zone: up or down, with the age of the
+            current run or outage in buckets (``AGE_EDGES``)
+    moves   wait (s -= 5), run where it is (s kept), move (s -= d: the restart's d minutes are paid
+            and make no progress), on demand always there; a preempted job is waiting
+    value   the expected bill; a missed deadline is infinite
+
+Two approximations: ages are bucketed (realised costs move by under 0.3 % between 5 buckets and exact
+ages), and a restart cut short by a preemption leaves its unfinished minutes as work in the program,
+where the simulator drops them (the program is slightly pessimistic there; replays do not change). It is optimal in expectation over markets drawn from the model; on one trace a policy
+tuned to that trace can do a little better by luck. ``OnlineDPPolicy`` replays it through the
+simulator reading only the trace's past, so its figures come from the same accounting as every
+other policy's. Memory and time grow as
+(2 x buckets)^zones x slack: fine for up to 3 zones, minutes and gigabytes for 4.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from cloud_providers.base import ON_DEMAND, SPOT
+from cloud_providers.local.market import MarketTrace
+
+from ..policy.base import Allocation, Placement, PolicyInput
+from ..policy.jobmath import remaining_work
+
+TICK_MIN = 5
+# Lower edges (ticks) of the age buckets of a run or an outage; the last one is open.
+AGE_EDGES = (0, 1, 3, 12, 48)
+UP_SHAPE, DOWN_SHAPE = 1.5, 2.0
+INFEASIBLE = 1e9
+
+
+def age_bucket(age_ticks: int, edges: Sequence[int] = AGE_EDGES) -> int:
+    return bisect.bisect_right(edges, age_ticks) - 1
+
+
+def _survival(x_ticks: float, mean_ticks: float, shape: float) -> float:
+    scale = mean_ticks * (shape - 1.0)
+    return float((1.0 + x_ticks / scale) ** -shape)
+
+
+def zone_transitions(mean_up_h: float, mean_down_h: float, edges: Sequence[int] = AGE_EDGES) -> np.ndarray:
+    """One zone's tick-to-tick transition matrix over (up, bucket) then (down, bucket) states.
+    A run's length in ticks is max(1, round(X)) for a Lomax X (tracegen's rounding), so at age a the
+    chance it ends at the next tick is 1 - S(a + 1.5) / S(a + 0.5), 1 - S(1.5) at age 0; a bucket
+    of width w is left for the next one with probability 1 / w per tick (its midpoint's hazard)."""
+    nb = len(edges)
+    P = np.zeros((2 * nb, 2 * nb))
+    per_tick = 60 // TICK_MIN
+    for side, (mean_h, shape) in enumerate(((mean_up_h, UP_SHAPE), (mean_down_h, DOWN_SHAPE))):
+        for b in range(nb):
+            lo = edges[b]
+            hi = edges[b + 1] if b + 1 < nb else None
+            a = lo * 1.5 if hi is None else (lo if hi - lo == 1 else (lo + hi - 1) / 2)
+            s_a = 1.0 if a < 0.5 else _survival(a + 0.5, mean_h * per_tick, shape)
+            p_end = 1.0 - _survival(a + 1.5, mean_h * per_tick, shape) / s_a
+            me, flip = side * nb + b, (1 - side) * nb
+            P[me, flip] += p_end
+            advance = 0.0 if hi is None else 1.0 / (hi - lo)
+            if advance > 0:
+                P[me, me + 1] += (1 - p_end) * advance
+            P[me, me] += (1 - p_end) * (1 - advance)
+    return P
+
+
+class OnlineDP:
+    """The solved program for one 1-instance job: ``zones`` are (spot USD/hour, mean run hours, mean
+    outage hours), the job needs ``work_min`` minutes with ``slack_min`` to spare and a restart costs
+    ``restart_min``. ``action[t][s, position, *zone_states]``: 0 wait, 1..n that zone's spot, n + 1 on
+    demand (positions use the same codes); ``value[s, position, *zone_states]`` the expected bill
+    from the start (t = all ticks)."""
+
+    def __init__(self, zones: Sequence[tuple[float, float, float]], on_demand_usd_per_hour: float, work_min: int,
+                 slack_min: int, restart_min: int, edges: Sequence[int] = AGE_EDGES) -> None:
+        if (work_min + slack_min) % TICK_MIN or min(work_min, slack_min, restart_min) < 0:
+            raise ValueError(f"work + slack ({work_min} + {slack_min} min) must be a whole number of {TICK_MIN}-minute ticks")
+        self.edges = tuple(edges)
+        self.n_zones = nz = len(zones)
+        nb = len(edges)
+        Z = 2 * nb
+        self.on_demand = nz + 1
+        npos = nz + 2
+        S = slack_min + 1
+        d = restart_min
+        zshape = (Z,) * nz
+        sparse = []
+        for _, up_h, down_h in zones:
+            P = zone_transitions(up_h, down_h, edges)
+            k = int((P > 0).sum(1).max())
+            succ, prob = np.zeros((Z, k), int), np.zeros((Z, k))
+            for i in range(Z):
+                js = np.nonzero(P[i])[0]
+                succ[i, :len(js)], prob[i, :len(js)] = js, P[i, js]
+            sparse.append((succ, prob))
+
+        def expect(N: np.ndarray) -> np.ndarray:
+            for i, (succ, prob) in enumerate(sparse):
+                ax = N.ndim - nz + i
+                M = np.moveaxis(N, ax, -1)
+                acc = M[..., succ[:, 0]] * prob[:, 0]
+                for j in range(1, succ.shape[1]):
+                    acc += M[..., succ[:, j]] * prob[:, j]
+                N = np.moveaxis(acc, -1, ax)
+            return N
+
+        up = [np.broadcast_to((np.arange(Z) < nb).reshape([Z if j == i else 1 for j in range(nz)]), zshape) for i in range(nz)]
+        s_vals = np.arange(S)
+        cols = (S,) + (1,) * nz
+        prev = np.zeros((S, npos) + zshape)  # no ticks left: nothing left to do (else infeasible below)
+        self.action: list[np.ndarray | None] = [None]
+        for t in range(1, (work_min + slack_min) // TICK_MIN + 1):
+            work = TICK_MIN * t - s_vals
+            step = np.clip(work, 0, TICK_MIN).reshape(cols)
+            last = step < TICK_MIN  # the job finishes within this tick
+            run = np.full((S, npos) + zshape, INFEASIBLE)
+            for i, (price, _, _) in enumerate(zones):
+                nxt = expect(np.where(up[i][None], prev[:, 1 + i], prev[:, 0]))  # preempted: waiting
+                run[:, 1 + i] = np.where(up[i][None], price * step / 60 + np.where(last, 0.0, nxt), INFEASIBLE)
+            run[:, nz + 1] = on_demand_usd_per_hour * step / 60 + np.where(last, 0.0, expect(prev[:, nz + 1]))
+            wait = np.full((S,) + zshape, INFEASIBLE)
+            if S > TICK_MIN:
+                wait[TICK_MIN:] = expect(prev[:, 0])[: S - TICK_MIN]
+            moved = np.full_like(run, INFEASIBLE)
+            if S > d:
+                moved[d:] = run[: S - d]  # a restart: d more minutes to pay, d less slack
+            value = np.empty_like(prev)
+            act = np.empty(prev.shape, np.int8)
+            for pos in range(npos):
+                opts = np.stack([wait] + [run[:, q] if q == pos else moved[:, q] for q in range(1, npos)])
+                act[:, pos] = opts.argmin(0)
+                value[:, pos] = opts.min(0)
+            value[work <= 0] = 0.0
+            self.action.append(act)
+            prev = np.minimum(value, INFEASIBLE)
+        self.value = prev
+
+
+class OnlineDPPolicy:
+    """Replays an ``OnlineDP`` in the simulator (one fixed 1-instance job with a deadline). Zone states
+    come from ``trace_history`` read up to now, never later; the restart overhead still to run from
+    its own last move. One instance per simulated run (it remembers that move)."""
+
+    name = "bayes-online"
+
+    def __init__(self, dp: OnlineDP, keys: Sequence[str], od_key: str, past: dict[str, tuple[list[float], list[int]]], restart_s: float) -> None:
+        self.dp, self.keys, self.od_key, self.past, self.restart_s = dp, list(keys), od_key, past, restart_s
+        self.last_move_s = -math.inf
+
+    def decide(self, inp: PolicyInput) -> list[Allocation]:
+        job, now = inp.jobs[0], inp.now_s
+        if job.deadline_s is None:
+            raise ValueError("the online bound is defined for jobs with a deadline")
+        t = int(round((job.deadline_s - now) / (TICK_MIN * 60)))
+        overhead_left = max(0.0, self.restart_s - (now - self.last_move_s))
+        work = math.ceil((remaining_work(job) + overhead_left) / 60 - 1e-6)
+        slack = TICK_MIN * t - work
+        pos = 0
+        for h in job.held:
+            pos = self.dp.on_demand if h.market == ON_DEMAND else 1 + self.keys.index(h.offering_key)
+        if job.restarting:
+            pos = 0
+        states = []
+        for k in self.keys:
+            times, caps = self.past[k]
+            j = bisect.bisect_right(times, now) - 1
+            b = age_bucket(int(round((now - times[j]) / (TICK_MIN * 60))), self.dp.edges)
+            states.append(b if caps[j] > 0 else len(self.dp.edges) + b)
+        S = self.dp.value.shape[0] - 1
+        act = self.dp.on_demand if slack < 0 or t <= 0 else int(self.dp.action[t][(min(slack, S), pos) + tuple(states)])  # type: ignore[index]
+        if act not in (0, pos):
+            self.last_move_s = now  # a restart (waiting costs none)
+        if act == 0:
+            return [Allocation(job.job_id, (), reason="wait", next_decision_s=now + TICK_MIN * 60)]
+        pl = Placement(self.od_key, ON_DEMAND, 1) if act == self.dp.on_demand else Placement(self.keys[act - 1], SPOT, 1)
+        return [Allocation(job.job_id, (pl,), reason="dp", next_decision_s=now + TICK_MIN * 60)]
+
+
+def trace_history(trace: MarketTrace, keys: Sequence[str]) -> dict[str, tuple[list[float], list[int]]]:
+    """Per offering, the times its spot room changed and the room from then on (what a market watch
+    records; ``OnlineDPPolicy`` reads it only up to the present)."""
+    out: dict[str, tuple[list[float], list[int]]] = {k: ([], []) for k in keys}
+    for t in trace.change_times():
+        for k in keys:
+            room = trace.offering_at(k, t).spot_available or 0
+            times, rooms = out[k]
+            if not rooms or (room > 0) != (rooms[-1] > 0):
+                times.append(t)
+                rooms.append(room)
+    return out
