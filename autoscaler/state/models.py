@@ -7,33 +7,14 @@ between asking and recording can find the instance by its decision tag and never
 
 from __future__ import annotations
 
-import enum
 import time
 
 from sqlalchemy import Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from ..domain import TERMINAL, JobState
 
-class JobState(str, enum.Enum):
-    PENDING = "PENDING"
-    PROVISIONING = "PROVISIONING"
-    RUNNING = "RUNNING"
-    RESCALING = "RESCALING"
-    RECOVERING = "RECOVERING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    FAILED_NO_RESOURCE = "FAILED_NO_RESOURCE"
-    FAILED_BUDGET = "FAILED_BUDGET"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-
-TERMINAL = frozenset(
-    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.FAILED_NO_RESOURCE, JobState.FAILED_BUDGET}
-)
+__all__ = ["TERMINAL", "JobState", "Base", "Job", "InstanceRow", "Decision", "Event"]
 
 
 class Base(DeclarativeBase):
