@@ -5,8 +5,7 @@ policy can ask for. Pure (no database, no HTTP): the store enforces the table, t
 DESIGN.md "Job lifecycle": PENDING -> PROVISIONING -> RUNNING <-> RESCALING / RECOVERING ->
 SUCCEEDED | FAILED | CANCELLED | FAILED_NO_RESOURCE | FAILED_BUDGET. Every live state may end in any
 terminal state (a cancel, the budget guard or a user-code failure can come at any moment), and a
-terminal state is final: ``spotrain resume`` makes a new attempt of the job through ``RESUMED``
-(PENDING again), never by editing an ended one in place.
+terminal state is final.
 """
 
 from __future__ import annotations
