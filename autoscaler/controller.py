@@ -546,10 +546,10 @@ class Controller:
         )
 
     def _apply(self, s: Session, job: Job, alloc: Allocation, by_key: Mapping[str, Offering]) -> None:
-        if alloc.fail_state:
+        if alloc.outcome is not None:
             self._release_all(s, job)
             job.gang_attempt = 0
-            Store.transition(s, job, JobState(alloc.fail_state), alloc.reason)
+            Store.transition(s, job, alloc.outcome.state, alloc.reason)
             return
         rows = self.store.instances(s, job.job_id, alive_only=True)
         usable = [r for r in rows if r.state in (InstanceState.RUNNING.value, InstanceState.PENDING.value)]

@@ -14,6 +14,7 @@ from typing import Protocol
 from cloud_providers.base import Offering
 from cost_models.scaling import Scaling
 
+from ..domain import Outcome
 from ..spec import JobSpec
 
 
@@ -72,8 +73,9 @@ class Allocation:
     job_id: str
     placements: tuple[Placement, ...]
     reason: str = ""
-    # Set when the job cannot run at all under its constraints (e.g. budget): the controller ends it.
-    fail_state: str | None = None
+    # Set when the job cannot run at all under its constraints (e.g. budget): the controller ends it
+    # in ``outcome.state``.
+    outcome: Outcome | None = None
     # Provider-clock time by which the policy wants to be asked again even if nothing changes (e.g.
     # when a deadline's safety net will trip). The simulator uses it to skip idle time; a controller
     # that decides every few seconds may ignore it.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from cloud_providers.base import ON_DEMAND, SPOT
 
+from ..domain import Outcome
 from .base import Allocation, JobView, PolicyInput
 from .jobmath import (
     Config,
@@ -84,7 +85,7 @@ class OnDemandPolicy(_GangBaseline):
         if cur is not None and cur.market == ON_DEMAND:
             return self._alloc(job, cur, "on-demand (kept)")
         if od is None:
-            return Allocation(job.job_id, (), reason="no on-demand offering fits the job", fail_state="FAILED_NO_RESOURCE")
+            return Allocation(job.job_id, (), reason="no on-demand offering fits the job", outcome=Outcome.NO_RESOURCE)
         return self._alloc(job, od, "on-demand")
 
 

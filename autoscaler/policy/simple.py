@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 
+from ..domain import Outcome
 from .base import Allocation, JobView, Placement, PolicyInput, eligible_offerings
 from .jobmath import CAPACITY_BACKOFF_S
 
@@ -28,7 +29,7 @@ class CheapestPolicy:
         want = spec.workers.max
         options = eligible_offerings(spec, inp.offerings)
         if not options:
-            return Allocation(job.job_id, (), reason="no offering matches the job's resources", fail_state="FAILED_NO_RESOURCE")
+            return Allocation(job.job_id, (), reason="no offering matches the job's resources", outcome=Outcome.NO_RESOURCE)
         # Keep what the job holds (no thrashing), as long as it still exists.
         placements: dict[tuple[str, str], int] = {}
         have = 0

@@ -54,6 +54,7 @@ from cost_models import hazard as hz
 from cost_models import objective
 from cost_models.scaling import Scaling
 
+from ..domain import Outcome
 from .base import Allocation, JobView, MarketHistory, Placement, PolicyInput, eligible_offerings
 from .jobmath import cap_refused, gang_rate, job_scaling, on_demand_allowed, remaining_work, restart_overhead_s, spot_allowed
 
@@ -121,7 +122,7 @@ class JobPlan:
     candidates: tuple[Candidate, ...]
     reason: str
     wake_s: float | None = None
-    fail_state: str | None = None
+    outcome: Outcome | None = None
 
 
 def market_view(o: Offering, h: MarketHistory | None) -> MarketView:
@@ -216,8 +217,8 @@ def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping
     out: dict[int, Allocation] = {}
     for i in order:
         p = plans[i]
-        if p.fail_state is not None:
-            out[i] = Allocation(p.job_id, (), reason=p.reason, fail_state=p.fail_state)
+        if p.outcome is not None:
+            out[i] = Allocation(p.job_id, (), reason=p.reason, outcome=p.outcome)
             continue
         chosen = None
         for c in p.candidates:
@@ -322,7 +323,7 @@ def plan_job(
 ) -> JobPlan:
     spec = job.spec
     if not options:
-        return JobPlan(job.job_id, URGENT, (), "no offering matches the job's resources", fail_state="FAILED_NO_RESOURCE")
+        return JobPlan(job.job_id, URGENT, (), "no offering matches the job's resources", outcome=Outcome.NO_RESOURCE)
     by_key = {o.key: o for o in options}
     # Avoid offerings that refused capacity recently (except what the job already holds there).
     held = _held_map(job)
@@ -505,7 +506,7 @@ def plan_job(
         cheapest_finish = _cheapest_finish_usd(job, options, scaling, scored, cur, w_rem, d)
         if w_rem > 0 and math.isfinite(cheapest_finish) and cheapest_finish > left:
             return JobPlan(job.job_id, urgency, (), (f"budget: finishing needs at least ${cheapest_finish:.2f} more, "
-                                                     f"${max(left, 0):.2f} of ${budget:.2f} left"), fail_state="FAILED_BUDGET")
+                                                     f"${max(left, 0):.2f} of ${budget:.2f} left"), outcome=Outcome.BUDGET)
         fit_set = set(id(c) for c in fits)
         comfy_set = set(id(c) for c in comfy)
         allowed = [c for c in allowed if id(c) in comfy_set] or [c for c in allowed if id(c) in fit_set]

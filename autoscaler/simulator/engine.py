@@ -183,8 +183,8 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         )
         inp = PolicyInput(now_s=t, jobs=(view,), offerings=tuple(offers.values()), history=sim.watch.history_at(t), decision_interval_s=sim.grid_s)
         alloc = policy.decide(inp)[0]
-        if alloc.fail_state:
-            state, reason = alloc.fail_state, alloc.reason
+        if alloc.outcome is not None:
+            state, reason = alloc.outcome.state.value, alloc.reason
             break
         target: dict[tuple[str, str], int] = {}
         for p in alloc.placements:

@@ -34,6 +34,7 @@ import numpy as np
 
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 
+from ..domain import Outcome
 from ..policy.base import Allocation, JobView, Placement, PolicyInput
 from ..policy.jobmath import gang_rate, on_demand_allowed, spot_allowed
 from .engine import SimJob, Simulation
@@ -90,7 +91,7 @@ class PlanPolicy:
         for job in inp.jobs:
             p, nxt = self.plan.at(inp.now_s)
             if p is None and (nxt is None and inp.now_s >= self.plan.start_s + len(self.plan.ticks) * self.plan.grid_s):
-                out.append(Allocation(job.job_id, (), reason="omniscient plan exhausted", fail_state="FAILED_NO_RESOURCE"))
+                out.append(Allocation(job.job_id, (), reason="omniscient plan exhausted", outcome=Outcome.NO_RESOURCE))
                 continue
             out.append(Allocation(job.job_id, () if p is None else (p,), reason="omniscient plan", next_decision_s=nxt))
         return out

@@ -216,11 +216,11 @@ def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: P
                     if m == SPOT:
                         room[k] -= n
             for r, a in zip(active, allocs):
-                if a.fail_state:
+                if a.outcome is not None:
                     for (k, m), n in r.holdings.items():
                         if m == SPOT:
                             room[k] += n  # its spot instances go back to the market for the others
-                    r.state, r.holdings = a.fail_state, {}
+                    r.state, r.holdings = a.outcome.state.value, {}
                     continue
                 target: dict[tuple[str, str], int] = {}
                 mine = {k: n for (k, m), n in r.holdings.items() if m == SPOT}

@@ -10,6 +10,7 @@ from conftest import make_spec
 
 from autoscaler.policy import Held, JobView, PolicyInput, get_policy
 from autoscaler.policy.spotrain import SpotrainPolicy
+from autoscaler.domain import Outcome
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cloud_providers.local.market import MarketTrace
 
@@ -37,7 +38,7 @@ def test_quickstart_two_spot_workers_then_replacement_then_on_demand() -> None:
     job = JobView("q", quickstart_spec(), submitted_s=0, progress=0.0)
     a = _decide(job, offers)
     cheapest = min((o for o in offers if o.accelerator == "T4" and (o.spot_available or 0) >= 2), key=lambda o: o.spot_price_usd_per_hour)
-    assert a.fail_state is None
+    assert a.outcome is None
     assert [(p.offering_key, p.market, p.instances) for p in a.placements] == [(cheapest.key, SPOT, 2)]
     # At 600 s the market takes one back: replace it with the next best spot offering with room.
     offers = trace.offerings_at(600)
@@ -67,11 +68,11 @@ def test_budget_fails_early_with_a_clear_reason() -> None:
     offers = MarketTrace.bundled().offerings_at(0)
     spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 400})
     a = _decide(JobView("b", spec, submitted_s=0, progress=0.0), offers)
-    assert a.fail_state == "FAILED_BUDGET" and "$" in a.reason and a.placements == ()
+    assert a.outcome is Outcome.BUDGET and "$" in a.reason and a.placements == ()
     # Nearly spent: finishing cannot fit any more.
     small = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 1})
     b = _decide(JobView("b", small, submitted_s=0, progress=0.5, cost_so_far_usd=4.99999), offers)
-    assert b.fail_state == "FAILED_BUDGET"
+    assert b.outcome is Outcome.BUDGET
 
 
 def test_budget_that_only_spot_fits_waits_for_spot_room_instead_of_failing() -> None:
@@ -81,7 +82,7 @@ def test_budget_that_only_spot_fits_waits_for_spot_room_instead_of_failing() -> 
     # 10 V100-hours are 25 T4-hours: $6 covers them on spot ($3.96) but not on demand ($13.15); no
     # spot room at the moment is no reason to fail.
     out = _decide(job, [dataclasses.replace(t4, spot_available=0)])
-    assert out.fail_state is None and out.placements == () and "waiting for spot room" in out.reason
+    assert out.outcome is None and out.placements == () and "waiting for spot room" in out.reason
     assert out.next_decision_s is not None
     back = _decide(job, [t4])
     assert [(p.offering_key, p.market) for p in back.placements] == [(t4.key, SPOT)]
@@ -89,7 +90,7 @@ def test_budget_that_only_spot_fits_waits_for_spot_room_instead_of_failing() -> 
     # once finishing without further preemptions no longer fits).
     tight = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 3.99}, simulate={"work_gpu_hours": 10})
     run = _decide(JobView("t", tight, submitted_s=0, progress=0.0, restart_overhead_s=300), [t4])
-    assert run.fail_state is None and [(p.offering_key, p.market) for p in run.placements] == [(t4.key, SPOT)]
+    assert run.outcome is None and [(p.offering_key, p.market) for p in run.placements] == [(t4.key, SPOT)]
 
 
 def test_deadline_behind_goes_on_demand_when_no_spot() -> None:
@@ -260,4 +261,4 @@ def test_every_market_refusing_capacity_is_no_reason_to_fail_the_budget() -> Non
     job = JobView("r", spec, submitted_s=0, progress=0.5, restarting=True, cost_so_far_usd=0.06,
                   recent_capacity_failures={t4.key + "|" + SPOT: now - 5})
     a = _decide(job, [t4], now)
-    assert a.fail_state is None and a.placements == ()
+    assert a.outcome is None and a.placements == ()
