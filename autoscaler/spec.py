@@ -4,7 +4,9 @@ Every field of DESIGN.md's spec is accepted and checked here, including those a 
 product brings to life. Unknown fields are errors. Validation failures become one ``SpecError`` line
 naming the field, e.g. ``spec error: workers: min (4) is greater than max (2)``.
 
-Durations are written ``36h``, ``10m``, ``90s``, ``1h30m``, ``2d`` or as a number of seconds.
+Durations are written ``36h``, ``10m``, ``90s``, ``1h30m``, ``2d`` (``cloud_providers.durations``,
+the one grammar); a bare number is an error, as DESIGN.md asks. ``to_dict`` writes them back as
+``<seconds>s``, which reads back to the same float.
 """
 
 from __future__ import annotations
@@ -16,33 +18,12 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from cloud_providers import catalog
+from cloud_providers.durations import format_duration_s, parse_duration_s
 
 from .errors import SpecError
-
-_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
-
-
-def parse_duration_s(value: Any) -> float:
-    """Seconds in ``value`` (``36h``, ``10m``, ``1h30m``, ``45s``, ``2d`` or a number of seconds)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and value.strip():
-        m = _DURATION_RE.match(value)
-        if not m or not any(m.groups()):
-            raise ValueError(f"not a duration: {value!r} (use e.g. 36h, 10m, 90s)")
-        d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-        seconds = d * 86400 + h * 3600 + mi * 60 + s
-    else:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 36h, 10m, 90s)")
-    if seconds <= 0:
-        raise ValueError(f"duration must be positive, got {value!r}")
-    return seconds
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, allow_inf_nan=False)
@@ -154,6 +135,10 @@ class Objective(_Strict):
     def _dur(cls, v: Any) -> Any:
         return None if v is None else parse_duration_s(v)
 
+    @field_serializer("deadline_s", when_used="json")
+    def _dur_out(self, v: float | None) -> str | None:
+        return None if v is None else format_duration_s(v)
+
 
 class Checkpoint(_Strict):
     store: str | None = None
@@ -166,6 +151,10 @@ class Checkpoint(_Strict):
     @classmethod
     def _dur(cls, v: Any) -> Any:
         return parse_duration_s(v)
+
+    @field_serializer("interval_s", when_used="json")
+    def _dur_out(self, v: float) -> str:
+        return format_duration_s(v)
 
     @field_validator("store")
     @classmethod
@@ -226,7 +215,7 @@ class JobSpec(_Strict):
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain, re-validatable dict of the spec (durations in seconds)."""
+        """A plain, re-validatable dict of the spec (durations as ``<seconds>s``)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=False)
 
 
@@ -301,6 +290,17 @@ def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
         return JobSpec.model_validate(dict(data))
     except ValidationError as err:
         raise SpecError(_format_error(err)) from None
+
+
+def spec_from_stored(data: Mapping[str, Any]) -> JobSpec:
+    """A spec this controller stored (``to_dict``). Rows written before durations needed a unit hold
+    bare seconds (``{"deadline": 129600.0}``); they are read as seconds here, never in a user's input."""
+    upgraded = copy.deepcopy(dict(data))
+    for section, key in (("objective", "deadline"), ("checkpoint", "interval")):
+        part = upgraded.get(section)
+        if isinstance(part, dict) and isinstance(part.get(key), (int, float)) and not isinstance(part[key], bool):
+            part[key] = format_duration_s(part[key])
+    return spec_from_dict(upgraded)
 
 
 def load_spec(path: str | Path, *, overrides: Iterable[str] = ()) -> tuple[JobSpec, Path]:

@@ -12,11 +12,12 @@ events:                 # each at a real time since the job started, or at a tra
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ..durations import parse_duration_s
 
 
 class ScenarioError(ValueError):
@@ -39,21 +40,11 @@ class Scenario:
     events: tuple[ScenarioEvent, ...] = ()
 
 
-_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-
-
 def _seconds(v: Any, where: str) -> float:
-    if isinstance(v, bool):
-        raise ScenarioError(f"scenario error: {where}: not a time: {v!r}")
-    if isinstance(v, (int, float)):
-        if v < 0:
-            raise ScenarioError(f"scenario error: {where}: must not be negative")
-        return float(v)
-    m = _DUR.match(str(v))
-    if not m:
-        raise ScenarioError(f"scenario error: {where}: not a time: {v!r} (use e.g. 10s, 2m)")
-    n = float(m.group(1))
-    return n * {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
+    try:
+        return parse_duration_s(v, allow_zero=True)
+    except ValueError as exc:
+        raise ScenarioError(f"scenario error: {where}: {exc}") from None
 
 
 def parse_scenario(text: str, *, base_dir: Path, source: str = "scenario") -> Scenario:
