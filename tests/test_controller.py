@@ -15,7 +15,6 @@ from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
 from autoscaler.home import db_url
 from autoscaler.policy import get_policy
-from autoscaler.recovery import recover
 from autoscaler.spec import load_spec
 from autoscaler.state import Decision, Store
 from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
@@ -151,7 +150,7 @@ def test_recovery_adopts_unrecorded_launch_and_terminates_orphans(spotrain_home:
 
     # "Restart": a new controller over the same database and cloud state.
     ctl2 = make_controller("t-recover")
-    counts = recover(ctl2)
+    counts = ctl2.recover()
     assert counts["adopted"] == 1 and counts["orphans_terminated"] == 1
     with ctl2.store.session() as s:
         d = s.get(Decision, "d-crash")
@@ -276,12 +275,10 @@ def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp
     """A rescale tells the gang to checkpoint and exit; a script that never does (hung, or deaf to
     notices) must not keep both the old gang and its replacements billing: past the deadline the
     controller stops it and resumes from the last checkpoint."""
-    import autoscaler.controller as controller_mod
+    from autoscaler.controller import Timings
     from autoscaler.policy import Allocation, Placement
     from cloud_providers.base import SPOT
 
-    monkeypatch.setattr(controller_mod, "STOP_NOTICE_S", 0.5)
-    monkeypatch.setattr(controller_mod, "STOP_GRACE_S", 1.0)
     monkeypatch.setenv("PW_STEPS", "200")
     monkeypatch.setenv("PW_STEP_S", "0.05")
     monkeypatch.setenv("PW_IGNORE_NOTICE", "1")
@@ -300,7 +297,8 @@ def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp
 
     setup = local_cloud("t-deaf")
     ctl = Controller(store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=OneThenTwo(),
-                     controller_id="t-deaf", tick_s=0.1, clock_rate=setup.clock_rate)
+                     controller_id="t-deaf", tick_s=0.1, clock_rate=setup.clock_rate,
+                     timings=Timings(stop_notice_s=0.5, stop_grace_s=1.0))
     spec, workdir = load_spec(write_pw_spec(tmp_path))
     job = ctl.submit(spec, workdir)
     info = drive(ctl, job["job_id"], timeout_s=90)
@@ -382,11 +380,13 @@ def test_a_running_gang_that_cannot_afford_to_grow_keeps_running(spotrain_home: 
     assert tick_until_running(ctl, job["job_id"])["state"] == "RUNNING"
     asked: list[tuple[str, int]] = []
 
-    def over_budget(s, job_row, missing, by_key):  # type: ignore[no-untyped-def]
+    def over_budget(ctx, s, job_row, missing, by_key):  # type: ignore[no-untyped-def]
         asked.append((job_row.state, len(missing)))
         return "budget: test"
 
-    monkeypatch.setattr(ctl, "_launch_over_budget", over_budget)
+    import autoscaler.controller.allocate as allocate
+
+    monkeypatch.setattr(allocate, "launch_over_budget", over_budget)
     info = drive(ctl, job["job_id"], timeout_s=60)
     assert info["state"] == "SUCCEEDED", info
     assert ("RUNNING", 1) in asked  # the policy did want a second worker

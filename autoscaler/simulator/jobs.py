@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cost_models.scaling import AmdahlScaling, LinearScaling, ProfileScaling, Scaling, read_profile_csv
+from cost_models.scaling import Scaling
 
-from ..errors import SpecError
 from ..policy import get_policy
 from ..policy.jobmath import DEFAULT_RESTART_OVERHEAD_S
+from ..scaling import spec_scaling
 from ..spec import JobSpec
 from .engine import SimJob, SimResult, Simulation
 from .omniscient import PlanPolicy, plan_omniscient
@@ -24,24 +24,6 @@ def restart_overhead_from_measurements(*, checkpoint_save_s: float | None, resto
     if checkpoint_save_s is None and restore_s is None:
         return DEFAULT_RESTART_OVERHEAD_S
     return (checkpoint_save_s or 0.0) + LAUNCH_S + (restore_s or 0.0)
-
-
-def spec_scaling(spec: JobSpec, spec_dir: Path | None = None) -> Scaling:
-    """The job's scaling model from its ``simulate.scaling`` (profile paths relative to the spec)."""
-    s = spec.simulate.scaling
-    if s == "linear":
-        return LinearScaling()
-    serial = getattr(s, "serial_fraction", None)
-    if serial is not None:
-        return AmdahlScaling(float(serial))
-    path = Path(getattr(s, "profile"))
-    if not path.is_absolute() and spec_dir is not None:
-        path = spec_dir / path
-    try:
-        model = read_profile_csv(path)
-    except ValueError as exc:
-        raise SpecError(f"spec error: simulate.scaling.profile: {exc}") from None
-    return ProfileScaling(model, spec.training.global_batch_size)
 
 
 def make_sim_job(

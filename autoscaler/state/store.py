@@ -10,6 +10,7 @@ from sqlalchemy import Table, create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..domain import check_transition
 from .models import TERMINAL, Base, Event, InstanceRow, Job, JobState
 
 
@@ -97,16 +98,21 @@ class Store(Database):
         return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)))
 
     @staticmethod
-    def transition(s: Session, job: Job, to: JobState, reason: str) -> None:
-        """Move a job to ``to`` and record the event (no-op if already there with no new reason)."""
+    def transition(s: Session, job: Job, to: JobState, reason: str, *, ts: float | None = None) -> None:
+        """Move a job to ``to`` and record the event (no-op if already there). A move the lifecycle
+        table (``domain.TRANSITIONS``) does not allow raises ``IllegalTransition``. ``ts``: the
+        controller's clock (default: the wall clock)."""
         if job.state == to.value:
             return
-        s.add(Event(job_id=job.job_id, ts=time.time(), kind="state", from_state=job.state, to_state=to.value, reason=reason))
+        check_transition(job.job_id, job.state, to)
+        ts = time.time() if ts is None else ts
+        s.add(Event(job_id=job.job_id, ts=ts, kind="state", from_state=job.state, to_state=to.value, reason=reason))
         job.state = to.value
         job.reason = reason
         if to in TERMINAL:
-            job.finished_at = time.time()
+            job.finished_at = ts
 
     @staticmethod
-    def note(s: Session, job: Job, kind: str, reason: str) -> None:
-        s.add(Event(job_id=job.job_id, ts=time.time(), kind=kind, from_state=job.state, to_state=job.state, reason=reason))
+    def note(s: Session, job: Job, kind: str, reason: str, *, ts: float | None = None) -> None:
+        s.add(Event(job_id=job.job_id, ts=time.time() if ts is None else ts, kind=kind, from_state=job.state,
+                    to_state=job.state, reason=reason))

@@ -1,0 +1,84 @@
+"""Making the instances match the policy's allocation: keep what fits, release surplus, launch what
+is missing, and start a new gang once the whole allocation is up.
+
+A running gang is changed only at a minibatch boundary: it is told to checkpoint and exit, and
+replacements launch at once, overlapping its notice window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlalchemy.orm import Session
+
+from cloud_providers.base import InstanceState, Offering
+
+from ..domain import JobState
+from ..policy import Allocation
+from ..state import InstanceRow, Job
+from .budget import end_over_budget, launch_over_budget
+from .context import Context
+from .gangs import start_gang, tell_gang_to_stop
+from .launches import end_job, launch, release
+
+_USABLE = (InstanceState.RUNNING.value, InstanceState.PENDING.value)
+
+
+def match(job: Job, alloc: Allocation, usable: list[InstanceRow]) -> tuple[list[InstanceRow], list[tuple[str, str]]]:
+    """Instances to keep (gang members first, then the oldest) and ``(offering_key, market)`` to launch."""
+    keep: list[InstanceRow] = []
+    missing: list[tuple[str, str]] = []
+    pool = sorted(usable, key=lambda r: (r.attempt != job.gang_attempt or not job.gang_attempt, r.launched_at_s))
+    for p in alloc.placements:
+        have = [r for r in pool if r.offering_key == p.offering_key and r.market == p.market and r not in keep]
+        keep.extend(have[: p.instances])
+        missing.extend([(p.offering_key, p.market)] * max(0, p.instances - len(have)))
+    return keep, missing
+
+
+def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping[str, Offering]) -> None:
+    if alloc.outcome is not None:
+        end_job(ctx, s, job, alloc.outcome.state, alloc.reason)
+        return
+    rows = ctx.store.instances(s, job.job_id, alive_only=True)
+    usable = [r for r in rows if r.state in _USABLE]
+    keep, missing = match(job, alloc, usable)
+    surplus = [r for r in usable if r not in keep]
+    if job.gang_attempt:
+        _change_running_gang(ctx, s, job, alloc, rows, keep, missing, surplus, by_key)
+        return
+    for r in surplus:
+        release(ctx, s, job, r, "not in the allocation")
+    if not alloc.placements:
+        if job.state != JobState.PENDING.value:
+            ctx.transition(s, job, JobState.PENDING, alloc.reason or "waiting for capacity")
+        return
+    if (why := launch_over_budget(ctx, s, job, missing, by_key)) is not None:
+        end_over_budget(ctx, s, job, why)
+        return
+    launch(ctx, s, job, missing, by_key)
+    ready = [r for r in ctx.store.instances(s, job.job_id, alive_only=True) if r.state == InstanceState.RUNNING.value]
+    want = sum(p.instances for p in alloc.placements)
+    if len(ready) >= want and want > 0:
+        start_gang(ctx, s, job, ready[:want])
+    elif job.state == JobState.PENDING.value:
+        ctx.transition(s, job, JobState.PROVISIONING, f"provisioning {alloc.reason}")
+
+
+def _change_running_gang(ctx: Context, s: Session, job: Job, alloc: Allocation, rows: list[InstanceRow],
+                         keep: list[InstanceRow], missing: list[tuple[str, str]], surplus: list[InstanceRow],
+                         by_key: Mapping[str, Offering]) -> None:
+    gang = [r for r in rows if r.attempt == job.gang_attempt]
+    if not (missing or surplus or {r.instance_id for r in gang} != {r.instance_id for r in keep}):
+        return
+    if (why := launch_over_budget(ctx, s, job, missing, by_key)) is not None:
+        growing = job.state == JobState.RUNNING.value and {r.instance_id for r in gang} <= {r.instance_id for r in keep}
+        if not growing:
+            end_over_budget(ctx, s, job, why)
+        # A running gang that was only to grow keeps running as it is.
+        return
+    if not job.gang_stopping and not any(r.state == InstanceState.NOTICE.value for r in gang):
+        tell_gang_to_stop(ctx, job, gang, "rescale")
+        ctx.transition(s, job, JobState.RESCALING, f"resizing to {alloc.reason}")
+    # Launch replacements now, while the old gang checkpoints (overlaps the notice window).
+    launch(ctx, s, job, missing, by_key)

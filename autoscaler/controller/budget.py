@@ -1,0 +1,67 @@
+"""The hard budget: never exceeded, whatever the policy planned.
+
+Two checks, both from the database and the last prices seen, so a failing cloud call cannot switch
+them off:
+- the guard, first on every tick: a job whose spend plus its burn rate until the guard runs again
+  would cross the budget is stopped now (FAILED_BUDGET);
+- before any launch: the cloud bills each launch for at least its minimum (EC2: 60 s), which can be
+  longer than the guard's horizon, so spent + running until the next guard + each launch's minimum
+  bill must stay under the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlalchemy.orm import Session
+
+from cloud_providers.base import MIN_BILLED_S_ATTR, Offering
+
+from .. import accounting
+from ..domain import JobState
+from ..state import InstanceRow, Job
+from .context import Context
+from .launches import end_job
+
+Prices = Mapping[str, tuple[float, float | None]]
+
+
+def guard_horizon_s(ctx: Context) -> float:
+    """Provider seconds until the budget guard runs again: a few ticks, or longer when ticks run slow
+    (a throttled cloud)."""
+    return max(3.0 * ctx.tick_s, 2.0 * ctx.last_tick_s + ctx.tick_s) * ctx.clock_rate
+
+
+def end_over_budget(ctx: Context, s: Session, job: Job, reason: str) -> None:
+    end_job(ctx, s, job, JobState.FAILED_BUDGET, reason, why="budget guard")
+
+
+def budget_guard(ctx: Context, s: Session, job: Job, rows: list[InstanceRow], prices: Prices) -> bool:
+    """Hard budget backstop: stop before the next ticks could cross the budget. True if it stopped
+    the job. The policy plans within the budget; this guard makes the cap hold even if the plan was
+    wrong."""
+    budget = ctx.spec(job).objective.budget_usd
+    if budget is None:
+        return False
+    rate = accounting.burn_rate_usd_per_hour(rows, prices)
+    if job.cost_usd + rate * guard_horizon_s(ctx) / 3600.0 < budget:
+        return False
+    end_over_budget(ctx, s, job, f"stopped at ${job.cost_usd:.2f} of a ${budget:.2f} budget: spending ${rate:.2f}/h would cross it")
+    return True
+
+
+def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], by_key: Mapping[str, Offering]) -> str | None:
+    """Why launching ``missing`` could cross the hard budget, or None (the policy, planning in
+    decision intervals, cannot see the cloud's minimum bill)."""
+    budget = ctx.spec(job).objective.budget_usd
+    if budget is None or not missing:
+        return None
+    horizon_s = guard_horizon_s(ctx)
+    floor_s = max(float(getattr(ctx.provider, MIN_BILLED_S_ATTR, 0.0) or 0.0), horizon_s)
+    prices = {k: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for k, o in by_key.items()}
+    running = accounting.burn_rate_usd_per_hour(ctx.store.instances(s, job.job_id), prices) * horizon_s / 3600.0
+    launches = sum(by_key[k].price_usd_per_hour(m) * floor_s / 3600.0 for k, m in missing if k in by_key)
+    if job.cost_usd + running + launches < budget:
+        return None
+    return (f"budget: launching {len(missing)} instance(s) bills at least ${launches:.2f} "
+            f"({floor_s:.0f} s each at least), ${max(budget - job.cost_usd - running, 0.0):.2f} of ${budget:.2f} left")

@@ -1,0 +1,106 @@
+"""What every part of the controller shares: its collaborators, its clock and its in-memory state.
+
+The parts of the reconcile loop (gangs, launches, budget, views, recovery) are functions over a
+``Context``: no part holds a reference to the ``Controller`` service, so the package has no import
+cycle and each part can be tested on its own with a virtual clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from sqlalchemy.orm import Session
+
+from cloud_providers.base import Provider
+from cloud_providers.clock import Clock
+from cloud_providers.executor import Executor
+
+from ..domain import JobState
+from ..home import logs_dir
+from ..market_watch import MarketWatcher
+from ..policy import Policy
+from ..spec import JobSpec, spec_from_dict
+from ..state import Job, Store
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """The controller's own time constants (seconds), in the controller's clock unless noted."""
+
+    # A gang told to stop (rescale, a peer that checkpointed) gets this long to checkpoint and exit
+    # (the runtime's notice deadline) ...
+    stop_notice_s: float = 30.0
+    # ... and is stopped this long after that (a checkpoint of a large model takes time).
+    stop_grace_s: float = 120.0
+    # How long a launch decision with no instance stays pending before it is failed.
+    decision_grace_s: float = 120.0
+    # How often (ticks) the controller lists its instances by tag to catch unknown ones.
+    sweep_every_ticks: int = 10
+    # Gangs lost in a row on healthy instances before any progress, after which the job fails.
+    max_stalled_restarts: int = 5
+    # The notice deadline given to workers when the cloud announced a preemption.
+    preemption_notice_s: float = 2.0
+
+
+def gpus_of(offering_key: str) -> int:
+    """GPUs per instance from an offering key (``cloud/zone/type/ACCEL:N``)."""
+    try:
+        return max(1, int(offering_key.rsplit(":", 1)[1]))
+    except (IndexError, ValueError):
+        return 1
+
+
+@dataclasses.dataclass
+class Context:
+    store: Store
+    provider: Provider
+    executor: Executor
+    policy: Policy
+    controller_id: str
+    clock: Clock
+    tick_s: float
+    # Provider-clock seconds per controller-clock second (the local cloud's time scale).
+    clock_rate: float
+    timings: Timings = dataclasses.field(default_factory=Timings)
+    # Where a job's worker logs go (the simulator's workers write none).
+    logs_dir: Callable[[str], Path] = logs_dir
+    # job_id -> {"<offering_key>|<market>": provider-clock time of the last capacity refusal}
+    capacity_failures: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # job_id -> controller-clock time the last gang stopped (for measuring the restart overhead)
+    gang_stopped_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    # job_id -> (last checkpoint step seen, controller-clock time it was first seen)
+    last_checkpoint: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    market: MarketWatcher = dataclasses.field(default_factory=MarketWatcher)
+    # Prices of the last successful offerings() call, for the budget guard of a tick whose cloud calls fail.
+    last_prices: dict[str, tuple[float, float | None]] = dataclasses.field(default_factory=dict)
+    ticks: int = 0
+    last_tick_s: float = 0.0
+    # Provider-clock time by which the policy asked to be asked again (None: no request).
+    next_wake_s: float | None = None
+    _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def transition(self, s: Session, job: Job, to: JobState, reason: str) -> None:
+        Store.transition(s, job, to, reason, ts=self.clock.now())
+
+    def note(self, s: Session, job: Job, kind: str, reason: str) -> None:
+        Store.note(s, job, kind, reason, ts=self.clock.now())
+
+    def spec(self, job: Job) -> JobSpec:
+        """The job's validated spec, parsed once per stored text (not on every tick)."""
+        hit = self._specs.get(job.job_id)
+        if hit is not None and hit[0] == job.spec_json:
+            return hit[1]
+        spec = spec_from_dict(json.loads(job.spec_json))
+        self._specs[job.job_id] = (job.spec_json, spec)
+        return spec
+
+    def forget(self, job_id: str) -> None:
+        """Drop what is held in memory for an ended job."""
+        for d in (self.capacity_failures, self.gang_stopped_at, self.last_checkpoint, self._specs):
+            d.pop(job_id, None)  # type: ignore[attr-defined]
+

@@ -1,0 +1,251 @@
+"""The gang: a job's workers of one attempt, started together, observed together, ended together.
+
+A gang starts when every instance of the allocation is up; any change of its instances (a rescale, a
+preemption, a lost machine) ends it at a minibatch boundary with a checkpoint, and the next attempt
+resumes from it. Infrastructure failures are always recovered; a user-code failure is retried at
+most ``retries.max_restarts_on_errors`` times (Philly: most failures are user bugs that must not be
+retried forever).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from cloud_providers import protocol
+from cloud_providers.base import InstanceState
+from cloud_providers.executor import GangState, WorkerLaunch
+
+from ..domain import JobState
+from ..state import InstanceRow, Job
+from .context import Context
+from .launches import end_job
+
+# Largest step count a report may carry (a bad report must not overflow the database).
+MAX_STEP = 2**53
+
+
+def on_instance_change(ctx: Context, s: Session, row: InstanceRow, state: InstanceState, interruption: str | None,
+                       terminated_at_s: float | None) -> None:
+    """Apply what the cloud reported of one instance (a notice, up, gone)."""
+    job = s.get(Job, row.job_id)
+    if state is InstanceState.NOTICE and not row.notice_delivered:
+        row.state = state.value
+        row.interruption = interruption or "preemption"
+        row.notice_delivered = 1
+        # Every rank must stop at the same boundary; the runtime agrees on it, and telling the whole
+        # gang as well keeps workers that cannot agree (a crashed peer) from waiting in a collective.
+        notice = {"reason": protocol.NOTICE_PREEMPTION, "deadline_unix_s": ctx.now() + ctx.timings.preemption_notice_s,
+                  "detail": row.interruption}
+        ctx.executor.notify(row.instance_id, notice)
+        if job is not None and job.gang_attempt and row.attempt == job.gang_attempt:
+            for peer in ctx.store.instances(s, job.job_id, alive_only=True):
+                if peer.attempt == job.gang_attempt and peer.instance_id != row.instance_id:
+                    ctx.executor.notify(peer.instance_id, notice)
+        if job is not None:
+            job.preemptions += 1
+            ctx.note(s, job, "preemption-notice", f"{row.instance_id} ({row.offering_key}, {row.market}): {row.interruption}")
+    elif state is InstanceState.RUNNING and row.state == InstanceState.PENDING.value:
+        row.state = state.value
+    elif state is InstanceState.TERMINATED and row.state != InstanceState.TERMINATED.value:
+        ctx.executor.stop(row.instance_id)
+        row.state = state.value
+        row.terminated_at_s = terminated_at_s if terminated_at_s is not None else ctx.provider.now_s()
+        if interruption and not row.interruption:
+            row.interruption = interruption
+            if job is not None:
+                job.preemptions += 1
+        if job is not None:
+            ctx.note(s, job, "instance-terminated", f"{row.instance_id} terminated ({row.interruption or 'released'})")
+
+
+def _infra_lost(gang: list[InstanceRow]) -> bool:
+    return any(r.state in (InstanceState.NOTICE.value, InstanceState.TERMINATED.value) for r in gang)
+
+
+def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) -> None:
+    """Read the job's progress and its gang's exit codes, and end, fail or succeed the gang."""
+    prog = ctx.executor.progress(job.job_id)
+    if prog:
+        apply_progress(ctx, job, prog)
+    if not job.gang_attempt:
+        return
+    gang = [r for r in rows if r.attempt == job.gang_attempt]
+    statuses = {r.instance_id: ctx.executor.status(r.instance_id, job.gang_attempt) for r in gang}
+    codes: dict[int, int] = {}
+    for st in statuses.values():
+        codes.update(st.exit_codes)
+    # ABSENT: the gang was recorded (write-ahead, ``start_gang``) but the controller died before it
+    # started this member; like a lost member, the whole gang must restart under a new attempt.
+    lost = any(st.state in (GangState.LOST, GangState.ABSENT) for st in statuses.values())
+    infra = _infra_lost(gang) or lost
+    all_exited = all(st.state is GangState.EXITED for st in statuses.values())
+    bad = {rk: c for rk, c in codes.items() if c not in (protocol.EXIT_DONE, protocol.EXIT_RESCHEDULE)}
+    if all_exited and codes and all(c == protocol.EXIT_DONE for c in codes.values()):
+        succeed(ctx, s, job)
+    elif all_exited and not bad:
+        gang_ended(ctx, s, job, "workers checkpointed and exited")
+    elif bad and not infra:
+        rank, code = sorted(bad.items())[0]
+        gang_failed_user(ctx, s, job, gang, rank, code)
+    elif infra and (all_exited or bad or lost):
+        _gang_lost(ctx, s, job, gang)
+    elif job.gang_stopping and job.gang_stop_deadline is not None and ctx.now() > job.gang_stop_deadline:
+        # Told to checkpoint and exit, it has not (a rank hung in a collective, a script that does
+        # not watch its notices): stop it, or the old gang and its replacements would both bill on.
+        for r in gang:
+            ctx.executor.stop(r.instance_id)
+        limit = ctx.timings.stop_notice_s + ctx.timings.stop_grace_s
+        gang_ended(ctx, s, job, f"the gang did not exit within {limit:.0f} s of being told to stop; "
+                                "stopped, resuming from the last checkpoint")
+    else:
+        if any(c == protocol.EXIT_RESCHEDULE for c in codes.values()) and not job.gang_stopping:
+            # A rank checkpointed and left: its peers must follow, not wait for it in a collective.
+            tell_gang_to_stop(ctx, job, gang, "peer-checkpointed")
+        if job.state not in (JobState.RUNNING.value, JobState.RESCALING.value):
+            ctx.transition(s, job, JobState.RUNNING, "workers running")
+
+
+def _gang_lost(ctx: Context, s: Session, job: Job, gang: list[InstanceRow]) -> None:
+    for r in gang:
+        ctx.executor.stop(r.instance_id)
+    if not _infra_lost(gang) and job.step <= job.gang_start_step:
+        # Workers vanished on machines the cloud did not take back, before any progress: an agent
+        # that cannot start them must not be restarted forever.
+        job.stalled_restarts += 1
+        if job.stalled_restarts >= ctx.timings.max_stalled_restarts:
+            end_job(ctx, s, job, JobState.FAILED, (
+                f"workers were lost {job.stalled_restarts} times in a row before making any progress "
+                f"(see spotrain logs {job.job_id})"), why="workers keep getting lost")
+            return
+    gang_ended(ctx, s, job, "an instance of the gang was lost; resuming from the last checkpoint")
+
+
+def _int_field(prog: Mapping[str, Any], key: str) -> int | None:
+    v = prog.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return int(v) if 0 <= v <= MAX_STEP else None
+
+
+def _float_field(prog: Mapping[str, Any], key: str) -> float | None:
+    v = prog.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
+    """Take rank 0's report. Values that are not finite numbers in range are ignored, field by field
+    (one job's bad report must never stop the loop for the others)."""
+    step = _int_field(prog, "step")
+    if step is not None:
+        if job.job_id in ctx.gang_stopped_at and step > job.step and job.gang_attempt:
+            # Training moved again after a restart: that gap is the job's measured restart overhead.
+            job.restart_overhead_s = (ctx.now() - ctx.gang_stopped_at.pop(job.job_id)) * ctx.clock_rate
+        job.step = step
+        if job.step > job.gang_start_step:
+            job.stalled_restarts = 0
+    if (total := _int_field(prog, "total_steps")) is not None:
+        job.total_steps = total
+    if (metric := _float_field(prog, "metric")) is not None:
+        job.metric = metric
+        job.metric_name = str(prog.get("metric_name") or "metric")[:64]
+    if (loss := _float_field(prog, "loss")) is not None:
+        job.loss = loss
+    if (ckpt := _int_field(prog, "last_checkpoint_step")) is not None:
+        job.last_checkpoint_step = ckpt
+    if isinstance(prog.get("final_model"), str):
+        job.final_model = prog["final_model"]
+
+
+def succeed(ctx: Context, s: Session, job: Job) -> None:
+    apply_progress(ctx, job, ctx.executor.progress(job.job_id) or {})
+    if not job.final_model:
+        job.final_model = f"{job.checkpoint_uri}/final/model.safetensors"
+    end_job(ctx, s, job, JobState.SUCCEEDED, "training finished", why="job succeeded")
+
+
+def tell_gang_to_stop(ctx: Context, job: Job, gang: list[InstanceRow], why: str) -> None:
+    t = ctx.timings
+    job.gang_stopping = why
+    job.gang_stop_deadline = ctx.now() + t.stop_notice_s + t.stop_grace_s
+    for r in gang:
+        ctx.executor.notify(r.instance_id, {"reason": protocol.NOTICE_RESCALE, "deadline_unix_s": ctx.now() + t.stop_notice_s})
+
+
+def _clear_gang(job: Job) -> None:
+    job.gang_attempt = 0
+    job.gang_stopping = ""
+    job.gang_stop_deadline = None
+
+
+def gang_ended(ctx: Context, s: Session, job: Job, reason: str) -> None:
+    stopping = job.gang_stopping
+    _clear_gang(job)
+    ctx.gang_stopped_at[job.job_id] = ctx.now()
+    ctx.note(s, job, "gang-stopped", reason)
+    if stopping == "rescale":
+        ctx.transition(s, job, JobState.RESCALING, "resizing: " + reason)
+    else:
+        ctx.transition(s, job, JobState.RECOVERING, reason)
+
+
+def gang_failed_user(ctx: Context, s: Session, job: Job, gang: list[InstanceRow], rank: int, code: int) -> None:
+    for r in gang:
+        ctx.executor.stop(r.instance_id)
+    _clear_gang(job)
+    logfile = ctx.logs_dir(job.job_id) / f"attempt-{job.attempt}-rank-{rank}.log"
+    what = f"rank {rank} exited with code {code} (log: {logfile})"
+    limit = ctx.spec(job).retries.max_restarts_on_errors
+    if job.restarts_on_errors >= limit:
+        end_job(ctx, s, job, JobState.FAILED, f"user code failed: {what}; not retried after {job.restarts_on_errors} restart(s)")
+        return
+    job.restarts_on_errors += 1
+    ctx.transition(s, job, JobState.RECOVERING, f"user code failed: {what}; restart {job.restarts_on_errors} of {limit}")
+
+
+def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -> None:
+    spec = ctx.spec(job)
+    job.attempt += 1
+    job.gang_attempt = job.attempt
+    master_addr, job.gang_port = ctx.executor.rendezvous(members[0].instance_id)
+    job.gang_started_at = ctx.now()
+    job.gang_start_step = job.step
+    job.gang_stopping = ""
+    job.gang_stop_deadline = None
+    world = sum(r.gpus for r in members)
+    for r in members:
+        r.attempt = job.attempt
+    # Write-ahead, as for launches: the attempt and its rendezvous port are durable before any worker
+    # starts. Otherwise a crash between two members' starts leaves agents of an attempt number the
+    # database never recorded; the next controller reuses that number, the executor keeps the agents
+    # already started (start is idempotent per attempt) and starts the rest with a new port, so the
+    # ranks rendezvous on different ports and the gang hangs.
+    s.commit()
+    env = {
+        protocol.ENV_JOB_ID: job.job_id,
+        protocol.ENV_ATTEMPT: str(job.attempt),
+        protocol.ENV_CHECKPOINT_URI: job.checkpoint_uri,
+        protocol.ENV_CHECKPOINT_INTERVAL_S: repr(spec.checkpoint.interval_s / ctx.clock_rate),
+        protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.keep),
+        protocol.ENV_TRAINING_JSON: json.dumps(spec.training.model_dump(mode="json")),
+    }
+    rank = 0
+    log_dir = str(ctx.logs_dir(job.job_id))
+    for r in members:
+        r.first_rank = rank
+        ctx.executor.start(WorkerLaunch(
+            instance_id=r.instance_id, job_id=job.job_id, attempt=job.attempt, run=spec.run, setup=spec.setup,
+            cwd=job.workdir, ranks=list(range(rank, rank + r.gpus)), world_size=world,
+            master_addr=master_addr, master_port=job.gang_port, env=env, log_dir=log_dir,
+        ))
+        rank += r.gpus
+    markets = ", ".join(f"{r.instance_id} {r.offering_key} {r.market}" for r in members)
+    ctx.transition(s, job, JobState.RUNNING, f"attempt {job.attempt}: {world} worker(s) on {markets}")

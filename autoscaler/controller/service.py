@@ -1,0 +1,174 @@
+"""The controller service: API operations (submit, cancel, inspect) and the reconcile loop's schedule.
+
+The loop itself is ``reconcile.tick``; as a service an APScheduler interval job calls it on the wall
+clock, and as the simulator ``autoscaler.simulator.world`` calls it on a virtual clock. All state is
+in the database and the provider, so a restarted controller carries on where a crashed one stopped
+(``recovery.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cloud_providers.base import Provider
+from cloud_providers.clock import WALL_CLOCK, Clock
+from cloud_providers.errors import ProviderError
+from cloud_providers.executor import Executor
+
+from ..domain import JobState
+from ..errors import ApiError, JobNotFound
+from ..home import default_store
+from ..policy import Policy
+from ..spec import JobSpec
+from ..state import Job, Store
+from . import reconcile
+from .context import Context, Timings
+from .launches import end_job
+from .recovery import recover
+from .views import job_summary
+
+log = logging.getLogger("spotrain.controller")
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        provider: Provider,
+        executor: Executor,
+        policy: Policy,
+        controller_id: str,
+        tick_s: float = 1.0,
+        clock_rate: float = 1.0,
+        clock: Clock = WALL_CLOCK,
+        timings: Timings | None = None,
+    ) -> None:
+        """``clock_rate``: provider-clock seconds per controller-clock second (the local cloud's time
+        scale). ``clock``: where the controller reads time (virtual in the simulator)."""
+        self.ctx = Context(store=store, provider=provider, executor=executor, policy=policy, controller_id=controller_id,
+                           clock=clock, tick_s=tick_s, clock_rate=clock_rate, timings=timings or Timings())
+        self._lock = threading.RLock()
+        self._scheduler: Any = None
+        self.last_tick_error: str | None = None
+
+    # Collaborators, for callers that inspect the controller (the API, tests).
+    @property
+    def store(self) -> Store:
+        return self.ctx.store
+
+    @property
+    def provider(self) -> Provider:
+        return self.ctx.provider
+
+    @property
+    def executor(self) -> Executor:
+        return self.ctx.executor
+
+    @property
+    def policy(self) -> Policy:
+        return self.ctx.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.ctx.policy = policy
+
+    @property
+    def controller_id(self) -> str:
+        return self.ctx.controller_id
+
+    @property
+    def tick_s(self) -> float:
+        return self.ctx.tick_s
+
+    # ----- lifecycle of the service -----
+    def recover(self) -> dict[str, int]:
+        with self._lock:
+            return recover(self.ctx)
+
+    def start(self) -> None:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self.recover()
+        self._scheduler = BackgroundScheduler(daemon=True)
+        self._scheduler.add_job(
+            self.tick, "interval", seconds=self.ctx.tick_s, max_instances=1, coalesce=True, id="reconcile",
+            misfire_grace_time=None,
+        )
+        self._scheduler.start()
+
+    def shutdown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+
+    # ----- API operations -----
+    def submit(self, spec: JobSpec, workdir: Path, *, scenario: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        ctx = self.ctx
+        with self._lock, ctx.store.session() as s:
+            if ctx.store.live_job_named(s, spec.name) is not None:
+                raise ApiError(f"a live job named {spec.name!r} already exists", status=409)
+            job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
+            store_uri = spec.checkpoint.store or default_store()
+            job = Job(
+                job_id=job_id, name=spec.name, controller_id=ctx.controller_id, cloud=ctx.provider.name,
+                spec_json=json.dumps(spec.to_dict()), workdir=str(workdir), checkpoint_uri=f"{store_uri}/{job_id}",
+                state=JobState.PENDING.value, reason="submitted", submitted_at=ctx.now(),
+                submitted_clock_s=ctx.provider.now_s(), scenario_json=json.dumps(dict(scenario or {})),
+            )
+            s.add(job)
+            s.flush()
+            ctx.note(s, job, "submitted", f"job {job_id} submitted")
+            return job_summary(job, [], now=ctx.now())
+
+    def _end(self, ref: str, to: JobState, why: str, *, own_only: bool) -> dict[str, Any]:
+        ctx = self.ctx
+        with self._lock, ctx.store.session() as s:
+            job = ctx.store.job(s, ref)
+            if job is None:
+                raise JobNotFound(f"no job {ref!r}")
+            live = not JobState(job.state).terminal
+            if own_only and live and job.controller_id != ctx.controller_id:
+                raise ApiError(f"job {job.job_id} belongs to controller {job.controller_id}, not this one", status=409)
+            if live:
+                end_job(ctx, s, job, to, why, why=why if to is JobState.FAILED else "job cancelled")
+            return job_summary(job, ctx.store.instances(s, job.job_id), now=ctx.now())
+
+    def cancel(self, ref: str) -> dict[str, Any]:
+        return self._end(ref, JobState.CANCELLED, "cancelled by user", own_only=True)
+
+    def fail_abandoned(self, ref: str, why: str) -> dict[str, Any]:
+        """End a live job of this controller as FAILED, releasing everything it holds: for jobs whose
+        owner is gone for good (an embedded ``spotrain run`` that was killed)."""
+        return self._end(ref, JobState.FAILED, why, own_only=False)
+
+    def job_info(self, ref: str) -> dict[str, Any]:
+        ctx = self.ctx
+        with ctx.store.session() as s:
+            job = ctx.store.job(s, ref)
+            if job is None:
+                raise JobNotFound(f"no job {ref!r}")
+            return job_summary(job, ctx.store.instances(s, job.job_id), now=ctx.now())
+
+    # ----- the reconcile loop -----
+    def tick(self) -> None:
+        with self._lock:
+            t0 = self.ctx.clock.now()
+            try:
+                reconcile.tick(self.ctx)
+                self.last_tick_error = None
+            except ProviderError as exc:
+                # A cloud hiccup must not kill the loop; the next tick retries.
+                self.last_tick_error = f"{type(exc).__name__}: {exc}"
+                log.warning("reconcile: %s", self.last_tick_error)
+            except Exception as exc:  # noqa: BLE001 - the loop must survive a bug; /healthz reports it
+                self.last_tick_error = f"{type(exc).__name__}: {exc}"
+                log.exception("reconcile failed")
+            finally:
+                self.ctx.last_tick_s = self.ctx.clock.now() - t0
