@@ -44,8 +44,9 @@ def remaining_work(job: JobView) -> float:
     return total_work(job) * (1.0 - p)
 
 
-def restart_overhead_s(job: JobView) -> float:
-    return DEFAULT_RESTART_OVERHEAD_S if job.restart_overhead_s is None else max(0.0, job.restart_overhead_s)
+def restart_overhead_s(job: JobView, *, default_s: float = DEFAULT_RESTART_OVERHEAD_S) -> float:
+    """The job's measured restart overhead, or ``default_s`` until it is measured."""
+    return default_s if job.restart_overhead_s is None else max(0.0, job.restart_overhead_s)
 
 
 def gang_rate(scaling: Scaling, parts: Iterable[tuple[Offering, int]]) -> float:
@@ -137,10 +138,10 @@ def held_matches(held: Sequence[Held], placements: Sequence[Placement]) -> bool:
     return a == b
 
 
-def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float) -> list[Offering]:
-    """A spot market that refused the job capacity in the last ``CAPACITY_BACKOFF_S`` offers no more
-    room than the job already holds there (SkyPilot's failover moves on to the next zone; retrying
-    at once would fail again). Its on-demand side is untouched."""
+def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float, *, backoff_s: float = CAPACITY_BACKOFF_S) -> list[Offering]:
+    """A spot market that refused the job capacity in the last ``backoff_s`` offers no more room
+    than the job already holds there (SkyPilot's failover moves on to the next zone; retrying at
+    once would fail again). Its on-demand side is untouched."""
     held: dict[str, int] = {}
     for h in job.held:
         if h.market == SPOT and h.instances > 0:
@@ -148,7 +149,7 @@ def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float) -> li
     out = []
     for o in offerings:
         refused_s = job.recent_capacity_failures.get(o.key + "|" + SPOT)
-        if refused_s is not None and now_s - refused_s < CAPACITY_BACKOFF_S:
+        if refused_s is not None and now_s - refused_s < backoff_s:
             o = dataclasses.replace(o, spot_available=held.get(o.key, 0))
         out.append(o)
     return out

@@ -1,0 +1,128 @@
+"""The spotrain policy's tuned constants, as one frozen parameters object (issue 10).
+
+Every number that sets how the policy trades money against risk lives here, with its unit, so that a
+tuner (the policy issue's Optuna study) can choose them and write them out as JSON, and the policy
+reads them from one place: ``SpotrainPolicy(params)`` passes them down to every step of ``plan_job``.
+``DEFAULT_PARAMS`` are the values the rounds in ``docs/policy.md`` settled on.
+
+``PolicyParams.from_mapping`` / ``to_dict`` are the JSON edge: unknown names, wrong types and values out
+of range raise ``ValueError`` with one line naming the field. Construction validates too, so an
+invalid object cannot exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .jobmath import CAPACITY_BACKOFF_S, DEFAULT_RESTART_OVERHEAD_S
+
+
+def _f(default: float, lo: float, hi: float) -> Any:
+    """A float field with its inclusive range."""
+    return dataclasses.field(default=default, metadata={"type": float, "min": lo, "max": hi})
+
+
+def _i(default: int, lo: int, hi: int) -> Any:
+    """An integer field with its inclusive range."""
+    return dataclasses.field(default=default, metadata={"type": int, "min": lo, "max": hi})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyParams:
+    """The spotrain policy's knobs. Names end in their unit where they have one."""
+
+    # ---- candidates ----
+    # How many single-offering spot gangs to consider per gang size, least risky first (bounds the
+    # work per job). Count.
+    spot_candidates: int = _i(4, 1, 64)
+    # How many on-demand gangs to consider per gang size, cheapest per unit of work first. Count.
+    od_candidates: int = _i(2, 1, 64)
+
+    # ---- scoring ----
+    # Planning horizon of goodput per dollar when the job has no nearer end. Seconds.
+    horizon_s: float = _f(6 * 3600.0, 60.0, 30 * 86400.0)
+    # Candidates within this share of the best goodput per dollar count as ties, broken by speed
+    # (Pollux's lesson: take the speedup while it costs little efficiency). Share, 0..1.
+    faster_tolerance: float = _f(0.2, 0.0, 1.0)
+    # A provider's preemption notice shorter than this may not leave time to save a checkpoint
+    # (GCP gives 30 s): the work since the last checkpoint then counts as lost. Seconds.
+    short_notice_s: float = _f(30.0, 0.0, 3600.0)
+    # Restart overhead assumed until the job's own checkpoint + restart times are measured. Seconds.
+    default_restart_overhead_s: float = _f(DEFAULT_RESTART_OVERHEAD_S, 0.0, 86400.0)
+    # A spot market that refused capacity offers no more room than the job holds there for this
+    # long (SkyPilot's failover: retrying at once would fail again). Seconds.
+    capacity_backoff_s: float = _f(CAPACITY_BACKOFF_S, 0.0, 86400.0)
+
+    # ---- deadline ----
+    # The Safety Net's margin in restarts d (Can't Be Late: 2d), on top of one decision interval and
+    # the work a short notice may lose. Below 1 a preemption at the net could not be recovered.
+    # Restarts.
+    safety_net_restarts: float = _f(2.0, 1.0, 10.0)
+    # Float tolerance on the slack: a gang that entered spot with exactly the Safety Net's slack must
+    # not be moved off it by rounding. Seconds.
+    slack_tolerance_s: float = _f(1.0, 0.0, 60.0)
+    # With slack to spare, wait for a spot offering this much cheaper per unit of work than the best
+    # one with room now. Share (0.05 = 5 % cheaper).
+    wait_premium: float = _f(0.05, 0.0, 10.0)
+    # ... and only when its mean outage, this many times over (outages are heavy-tailed), still leaves
+    # the slack above the reserve. Multiple of the mean outage.
+    outage_margin: float = _f(2.0, 0.0, 100.0)
+    # At the reserve, on-demand is left for spot with less slack than a full cycle only for an
+    # availability run at least this old (Lindy: old runs outlast the restarts). Hours.
+    established_run_h: float = _f(2.0, 0.0, 1000.0)
+    # A job on demand with no spot room gives its gang up to wait only with this many restart cycles
+    # (2d + lag) of slack above the reserve (hysteresis). Cycles.
+    od_release_cycles: float = _f(1.0, 0.0, 1000.0)
+
+    # ---- switching (exploitation) ----
+    # A running spot gang moves to a cheaper spot offering only when the expected saving pays this
+    # many restarts. Restarts (of the new gang's price times d).
+    switch_margin: float = _f(3.0, 0.0, 1000.0)
+    # ... and only while the slack after that restart stays this many restart cycles (d + lag) above
+    # the reserve: under a tight deadline the slack a move spends is what later keeps the job off
+    # on-demand. Cycles.
+    switch_cushion_cycles: float = _f(4.0, 0.0, 1000.0)
+    # ... except for a saving that pays this many restarts (a dear zone next to a long run of one
+    # 20 % cheaper, hours from the end). Restarts.
+    big_switch_margin: float = _f(8.0, 0.0, 1000.0)
+    # ... for which this many cycles (d + lag) above the reserve are cushion enough. Cycles.
+    big_cushion_cycles: float = _f(1.0, 0.0, 1000.0)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check(f, getattr(self, f.name))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, base: PolicyParams | None = None) -> PolicyParams:
+        """Parameters from a mapping (a tuner's JSON); names it leaves out keep ``base``'s values
+        (``DEFAULT_PARAMS``). Raises ``ValueError`` naming the field for an unknown name, a wrong
+        type or a value out of range."""
+        if not isinstance(values, Mapping):
+            raise TypeError(f"policy parameters: expected a mapping of names to numbers, got {type(values).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, value in values.items():
+            if name not in fields:
+                raise ValueError(f"policy parameter {name!r} is unknown (known: {', '.join(sorted(fields))})")
+            _check(fields[name], value)
+        merged: dict[str, Any] = {**(base or DEFAULT_PARAMS).to_dict(), **values}
+        kwargs: dict[str, Any] = {k: (float(v) if fields[k].metadata["type"] is float else v) for k, v in merged.items()}
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Every parameter by name (what ``from_mapping`` reads back)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _check(f: dataclasses.Field[Any], value: object) -> None:
+    kind, lo, hi = f.metadata["type"], f.metadata["min"], f.metadata["max"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"policy parameter {f.name!r} must be {what}, got {value!r}")
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ValueError(f"policy parameter {f.name!r} must be in [{lo:g}, {hi:g}], got {value!r}")
+
+
+DEFAULT_PARAMS = PolicyParams()
