@@ -25,6 +25,7 @@ from cloud_providers.durations import format_duration_s, parse_duration_s
 
 from .errors import SpecError
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, allow_inf_nan=False)
 

@@ -91,7 +91,8 @@ def _optim_time(grad: _FloatArray, sync: _FloatArray, gamma: float) -> _FloatArr
     g = np.log(np.maximum(grad, _EPS))
     s = np.log(np.maximum(sync, _EPS))
     hi = np.maximum(g, s)
-    return np.exp(hi + np.log(np.exp(gamma * (g - hi)) + np.exp(gamma * (s - hi))) / gamma)
+    out: _FloatArray = np.exp(hi + np.log(np.exp(gamma * (g - hi)) + np.exp(gamma * (s - hi))) / gamma)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -169,7 +169,8 @@ class AwsProvider:
             types = self._types_in(region)
             names = {t.catalog.instance_type for t in types}
             for t in types:
-                spot = self._prices.price(region, t.zone, t.catalog.instance_type, lambda: names)
+                # The lambda is called (if at all) inside this iteration, so it sees this region's names.
+                spot = self._prices.price(region, t.zone, t.catalog.instance_type, lambda: names)  # noqa: B023
                 out.append(
                     Offering(
                         cloud=CLOUD,
@@ -370,8 +371,8 @@ class AwsProvider:
                 elif not old.alive:
                     del self._seen[instance_id]
             for instance_id, inst in current.items():
-                old = self._seen.get(instance_id)
-                if old is None or (old.state, old.interruption, old.notice_deadline_s) != (
+                prev = self._seen.get(instance_id)
+                if prev is None or (prev.state, prev.interruption, prev.notice_deadline_s) != (
                     inst.state, inst.interruption, inst.notice_deadline_s
                 ):
                     changed.append(inst)

@@ -41,7 +41,7 @@ class LocalProvider:
     def __init__(
         self,
         *,
-        root: str | Path,
+        root: str | Path | None,
         trace: MarketTrace | None = None,
         time_scale: float = DEFAULT_TIME_SCALE,
         start_offset_s: float = 0.0,
@@ -50,11 +50,19 @@ class LocalProvider:
         on_terminate: Callable[[str], None] | None = None,
         progress_of: Callable[[str], int | None] | None = None,
         clock: Callable[[], float] = time.time,
+        min_billed_s: float = 0.0,
     ) -> None:
+        """``root``: where the cloud's state file lives (None: in memory only, for the simulator);
+        ``clock``: the clock the market runs on (wall time, or the simulator's virtual clock);
+        ``min_billed_s``: the least it bills a launch, as real clouds do (EC2: 60 s)."""
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        if min_billed_s < 0:
+            raise ValueError("min_billed_s must be >= 0")
+        self.min_billed_s = float(min_billed_s)
+        self.root = None if root is None else Path(root)
+        if self.root is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
         self.trace = trace or MarketTrace.bundled()
         self.scenario = scenario or Scenario()
         self.min_notice_real_s = min_notice_real_s
@@ -62,7 +70,7 @@ class LocalProvider:
         self._progress_of = progress_of
         self._clock = clock
         self._lock = threading.RLock()
-        self._path = self.root / "cloud.json"
+        self._path = None if self.root is None else self.root / "cloud.json"
         self._state = self._load()
         if not self._state:
             self._state = {
@@ -81,22 +89,36 @@ class LocalProvider:
 
     # ----- persistence -----
     def _load(self) -> dict[str, Any]:
+        if self._path is None:
+            return {}
         try:
-            return json.loads(self._path.read_text())
+            state: dict[str, Any] = json.loads(self._path.read_text())
+            return state
         except (OSError, ValueError):
             return {}
 
     def _save(self) -> None:
+        if self._path is None:
+            return
         tmp = self._path.with_name("cloud.json.tmp")
         tmp.write_text(json.dumps(self._state))
         os.replace(tmp, self._path)
 
     # ----- clock -----
     def now_s(self) -> float:
-        return self._state["offset_s"] + (self._clock() - self._state["t0_wall"]) * self.time_scale
+        return float(self._state["offset_s"] + (self._clock() - self._state["t0_wall"]) * self.time_scale)
 
     def real_elapsed_s(self) -> float:
-        return self._clock() - self._state["t0_wall"]
+        return float(self._clock() - self._state["t0_wall"])
+
+    def next_event_s(self) -> float:
+        """The next market-clock time at which the cloud acts on its own (a notice that runs out);
+        the simulator's loop wakes the controller then. Market changes come from the trace."""
+        due = [r["notice_deadline_wall"] for r in self._state["instances"].values()
+               if r["state"] == InstanceState.NOTICE.value and r.get("notice_deadline_wall") is not None]
+        if not due:
+            return float("inf")
+        return float(self._state["offset_s"] + (min(due) - self._state["t0_wall"]) * self.time_scale)
 
     # ----- offerings -----
     def offerings(self) -> Sequence[Offering]:
@@ -285,6 +307,8 @@ class LocalProvider:
         start = instance.launched_at_s if rec is None else rec["launched_at_s"]
         end_raw = instance.terminated_at_s if rec is None else rec.get("terminated_at_s")
         end = end_raw if end_raw is not None else self.now_s()
+        if end_raw is not None and self.min_billed_s:
+            end = max(end, start + self.min_billed_s)  # the cloud bills a launch at least its minimum
         key = instance.offering_key
         cost = self.trace.spot_price_integral_usd(key, start, end, market=instance.market)
         od = self.trace.spot_price_integral_usd(key, start, end, market="on-demand")
