@@ -11,7 +11,11 @@ Every error a cloud SDK raises is translated where it enters, to the most specif
     ├── Throttled             (API rate limit; exponential backoff with jitter)
     ├── CredentialsError      (missing or invalid credentials; one line to the user)
     ├── InvalidRequest        (the request itself is wrong)
-    └── InstanceNotFound      (asked about an instance the cloud does not know)
+    ├── InstanceNotFound      (asked about an instance the cloud does not know)
+    └── SdkMissing            (the cloud's SDK is not installed: ``pip install 'spotrain[aws]'``)
+
+``SdkMissing`` is also a ``ValueError``: like a bad provider setting, it is raised while the provider
+is being built and shown to the user as one line.
 """
 
 from __future__ import annotations
@@ -65,3 +69,7 @@ class InvalidRequest(ProviderError):
 
 class InstanceNotFound(ProviderError):
     """The instance is unknown to the cloud (never existed, or long gone)."""
+
+
+class SdkMissing(ProviderError, ValueError):
+    """The cloud's SDK is not installed; the message names the extra that brings it."""

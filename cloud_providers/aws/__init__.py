@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._boto import require_sdk
 from .errors import RetryPolicy
 from .failover import FailoverResult, launch_with_failover
 from .provider import DEFAULT_IMAGE_ID, AwsProvider
@@ -58,6 +59,7 @@ def make_provider(**settings: Any) -> AwsProvider:
       ``{"g4dn.xlarge": 0.16, "us-east-1a/g5.xlarge": 0.36}`` (moto's own spot prices are fake)
 
     Comma-separated strings are accepted for ``regions``, ``zones`` and ``security_group_ids``.
+    Without boto3 installed it raises ``SdkMissing`` (a ValueError too), naming ``spotrain[aws]``.
     """
     import json
     import os
@@ -67,6 +69,8 @@ def make_provider(**settings: Any) -> AwsProvider:
         raise ValueError(f"unknown AWS provider setting(s): {', '.join(unknown)}")
     if "controller_id" not in settings:
         raise ValueError("AWS provider setting controller_id is required")
+    if settings.get("client_factory") is None:
+        require_sdk()
     kwargs: dict[str, Any] = dict(settings)
     env: Mapping[str, str] = os.environ
     default_region = (

@@ -10,19 +10,36 @@ how moto's server mode is reached; nothing here reads those variables itself.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
+
+from ..errors import SdkMissing
 
 # An EC2 client for a region. Typed as Any: boto3's client classes are generated at run time.
 ClientFactory = Callable[[str], Any]
 
+# boto3 is an extra of the package (a controller for the local cloud needs no cloud SDK).
+INSTALL_HINT = "the AWS provider needs boto3, which is not installed: pip install 'spotrain[aws]'"
+
+
+def _sdk_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise SdkMissing(INSTALL_HINT, cloud="aws") from exc
+
+
+def require_sdk() -> None:
+    """Raise ``SdkMissing`` (one line naming the extra) unless boto3 can be imported."""
+    _sdk_module("boto3")
+
 
 def botocore_exceptions() -> Any:
     """The ``botocore.exceptions`` module, imported on first use."""
-    import botocore.exceptions
-
-    return botocore.exceptions
+    return _sdk_module("botocore.exceptions")
 
 
 def make_client_factory(
@@ -37,8 +54,8 @@ def make_client_factory(
     two stacked retry loops would multiply the wait and hide the count. Run-instances retries are
     safe because every launch carries a ClientToken.
     """
-    import boto3
-    from botocore.config import Config
+    boto3 = _sdk_module("boto3")
+    Config = _sdk_module("botocore.config").Config
 
     lock = threading.Lock()
     clients: dict[str, Any] = {}

@@ -37,7 +37,8 @@ class AgentBoot:
     """How an instance installs and starts the agent. Operator settings, not job data."""
 
     python: str = DEFAULT_PYTHON
-    package: str = "spotrain"
+    # The workers' s3:// checkpoint store needs boto3, an extra; the image brings torch.
+    package: str = "spotrain[aws]"
     agent_module: str = "cloud_providers.remote.agent"
     unit_name: str = "spotrain-agent"
 
