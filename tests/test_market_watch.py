@@ -32,3 +32,33 @@ def test_offerings_without_spot_are_not_watched() -> None:
     w = MarketWatcher()
     w.observe(0, [offer(0, spot=None)])
     assert w.merge({}) == {}
+
+
+@pytest.mark.parametrize("grid_s", [300.0, 195.0])
+def test_simulator_history_is_the_controllers(grid_s: float) -> None:
+    """The simulator's precomputed watch gives, at any time, exactly the ``MarketHistory`` the
+    controller's ``MarketWatcher`` reports after observing every change point of the trace and then
+    the market at that time. (Times here are whole or half seconds, so the sums are exact however the
+    segments are split: equality, not approximation.)"""
+    import copy
+
+    import numpy as np
+
+    from autoscaler.simulator.market_watch import MarketWatch
+    from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace
+
+    trace = generate_trace(MULTI_ZONE, hours=72, seed=5, grid_s=grid_s)
+    sim = MarketWatch(trace, trace.keys)
+    changes = sorted(set(trace.change_times()))
+    rng = np.random.default_rng(0)
+    queries = sorted({*(np.round(rng.uniform(0, trace.duration_s + 7200, 300) * 2) / 2), *changes[:40], 0.0})
+    live = MarketWatcher()
+    i = 0
+    for t in map(float, queries):
+        while i < len(changes) and changes[i] <= t:
+            live.observe(changes[i], trace.offerings_at(changes[i]))
+            i += 1
+        now = copy.deepcopy(live)
+        now.observe(t, trace.offerings_at(t))
+        assert sim.history_at(t) == now.merge({}), t
+    assert any(h.drops > 0 for h in sim.history_at(queries[-1]).values())
