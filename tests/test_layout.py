@@ -54,3 +54,18 @@ def test_worker_protocol_copies_agree() -> None:
     names = {n for n in dir(a) if n.isupper()}
     assert names <= {n for n in dir(b) if n.isupper()}
     assert {n: getattr(a, n) for n in names} == {n: getattr(b, n) for n in names}
+
+
+def test_cloud_sdks_are_imported_only_by_their_adaptor_modules() -> None:
+    """The controller side reaches boto3/botocore only through ``cloud_providers/aws/_boto.py`` (an extra;
+    it imports them lazily), and no controller-side module imports the runtime's packages."""
+    adaptors = {"boto3": {"cloud_providers/aws/_boto.py"}, "botocore": {"cloud_providers/aws/_boto.py"}}
+    runtime_only = {"torch", "safetensors", "sklearn"}
+    bad = []
+    for package in ("autoscaler", "cloud_providers", "cost_models"):
+        for f in (REPO / package).rglob("*.py"):
+            rel = str(f.relative_to(REPO))
+            for mod in imports_of(f):
+                if mod in runtime_only or (mod in adaptors and rel not in adaptors[mod]):
+                    bad.append(f"{rel} imports {mod}")
+    assert not bad, bad
