@@ -6,7 +6,9 @@ own launch decision (``remote_executor.agent_credential``), and the controller m
 instance it launched, so an agent reads and writes nothing but its own instance's assignment and
 reports. The user API token is never accepted here, nor an agent credential on the user API.
 
-Wire format: ``cloud_providers/remote/wire.py``.
+Wire format: ``cloud_providers/remote/wire.py``. The router translates its own refusals (the lookup
+errors of ``remote_executor.py``, a malformed report): the agent's protocol gives them meaning, and
+the router also serves without the controller's app (tests mount it alone).
 """
 
 from __future__ import annotations
@@ -17,10 +19,21 @@ from fastapi import APIRouter, Body, HTTPException, Request
 
 from cloud_providers.remote.wire import ASSIGNMENT_PATH, REPORT_PATH, Report, WireError
 
-from .remote_executor import AgentLookupError, RemoteExecutor, decision_of
+from .remote_executor import (
+    AgentLookupError,
+    InstanceNotYetKnown,
+    InstanceTerminated,
+    RemoteExecutor,
+    WrongInstance,
+    decision_of,
+)
 
 if TYPE_CHECKING:
     from .controller import Controller
+
+
+# What each lookup refusal means to the agent (``cloud_providers/remote/wire.py``): 404 retry, 410 stop.
+LOOKUP_STATUS: dict[type[AgentLookupError], int] = {InstanceNotYetKnown: 404, InstanceTerminated: 410, WrongInstance: 403}
 
 
 def agent_router(executor: RemoteExecutor) -> APIRouter:
@@ -35,7 +48,7 @@ def agent_router(executor: RemoteExecutor) -> APIRouter:
         try:
             return executor.instance_for(decision_id, claimed_instance_id)
         except AgentLookupError as exc:
-            raise HTTPException(status_code=exc.status, detail=str(exc)) from None
+            raise HTTPException(status_code=LOOKUP_STATUS.get(type(exc), 400), detail=str(exc)) from None
 
     @router.get(ASSIGNMENT_PATH)
     def assignment(request: Request, instance_id: str | None = None) -> dict[str, Any]:

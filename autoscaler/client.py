@@ -1,16 +1,31 @@
-"""HTTP client of the controller API, used by the CLI. Errors become one-line ``SpotrainError``s."""
+"""HTTP client of the controller API, used by the CLI.
+
+Answers are parsed into the models of ``schemas.py``. A refusal becomes the ``SpotrainError`` the
+controller raised: the API's ``ErrorBody`` names its type, and the types in ``_BY_NAME`` are rebuilt
+as such (``JobNameTaken``, ``NotOwner``, ``JobNotFound``, ...); any other refusal is an ``ApiError``
+with its status. A 401 is always ``AuthError`` and a 404 without a known type ``JobNotFound``.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
-from .errors import ApiError, AuthError, ControllerUnreachable, JobNotFound
+from .domain import JobNameTaken, NotOwner
+from .errors import ApiError, AuthError, Conflict, ControllerUnreachable, DomainError, JobNotFound, SpotrainError
 from .home import read_controller_info, read_token
+from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary
 
 DEFAULT_URL = "http://127.0.0.1:8470"
+M = TypeVar("M", bound=BaseModel)
+
+# The controller's error types the client rebuilds from an ``ErrorBody`` (each takes a message).
+_BY_NAME: dict[str, type[SpotrainError]] = {
+    cls.__name__: cls for cls in (JobNotFound, Conflict, JobNameTaken, NotOwner, DomainError)
+}
 
 
 def controller_url() -> str:
@@ -24,11 +39,14 @@ def controller_url() -> str:
 
 
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 10.0) -> None:
-        self.url = url or controller_url()
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 10.0,
+                 http: httpx.Client | None = None) -> None:
+        """``http``: a client to use instead of a new one (tests pass FastAPI's TestClient)."""
+        self.url = url or (str(http.base_url).rstrip("/") if http is not None else controller_url())
         tok = token if token is not None else (os.environ.get("SPOTRAIN_TOKEN") or read_token())
-        headers = {"Authorization": f"Bearer {tok}"} if tok else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self._http = http or httpx.Client(base_url=self.url, timeout=timeout_s)
+        if tok:
+            self._http.headers["Authorization"] = f"Bearer {tok}"
 
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
@@ -37,39 +55,60 @@ class Client:
             raise ControllerUnreachable(
                 f"cannot reach the controller at {self.url} (start it with `spotrain controller start`)"
             ) from None
-        if r.status_code == 401:
-            raise AuthError(f"the controller at {self.url} refused the API token (see $SPOTRAIN_HOME/token)")
-        if r.status_code == 404:
-            raise JobNotFound(_detail(r))
         if r.status_code >= 400:
-            raise ApiError(_detail(r), status=r.status_code)
+            raise self._refusal(r)
         return r
 
-    def healthz(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/healthz").json())
+    def _refusal(self, r: httpx.Response) -> SpotrainError:
+        if r.status_code == 401:
+            return AuthError(f"the controller at {self.url} refused the API token (see $SPOTRAIN_HOME/token)")
+        body = _error_body(r)
+        cls = _BY_NAME.get(body.error)
+        if cls is not None:
+            return cls(body.detail)
+        if r.status_code == 404:
+            return JobNotFound(body.detail)
+        return ApiError(body.detail, status=r.status_code)
 
-    def submit(self, spec: dict[str, Any], workdir: str) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/jobs", json={"spec": spec, "workdir": workdir}).json())
+    def _parse(self, model: type[M], r: httpx.Response) -> M:
+        try:
+            return model.model_validate_json(r.content)
+        except ValidationError as exc:
+            raise ApiError(f"the controller at {self.url} sent an answer this client cannot read: "
+                           f"{exc.errors()[0].get('msg', exc)}", status=r.status_code) from None
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/jobs").json())
+    def healthz(self) -> Health:
+        return self._parse(Health, self._call("GET", "/healthz"))
 
-    def job(self, ref: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/jobs/{ref}").json())
+    def submit(self, spec: dict[str, Any], workdir: str) -> JobSummary:
+        return self._parse(JobSummary, self._call("POST", "/v1/jobs", json={"spec": spec, "workdir": workdir}))
+
+    def jobs(self) -> list[JobSummary]:
+        return self._parse(JobList, self._call("GET", "/v1/jobs")).root
+
+    def job(self, ref: str) -> JobSummary:
+        return self._parse(JobSummary, self._call("GET", f"/v1/jobs/{ref}"))
+
+    def events(self, ref: str) -> list[JobEvent]:
+        return self._parse(JobEvents, self._call("GET", f"/v1/jobs/{ref}/events")).root
 
     def logs(self, ref: str, rank: int | None = None) -> str:
         params = {"rank": rank} if rank is not None else {}
         return self._call("GET", f"/v1/jobs/{ref}/logs", params=params).text
 
-    def cancel(self, ref: str) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/jobs/{ref}/cancel").json())
+    def cancel(self, ref: str) -> JobSummary:
+        return self._parse(JobSummary, self._call("POST", f"/v1/jobs/{ref}/cancel"))
 
 
-def _detail(r: httpx.Response) -> str:
+def _error_body(r: httpx.Response) -> ErrorBody:
+    """The refusal's ``ErrorBody``; FastAPI's own bodies (``{"detail": ...}``, a list for a request it
+    could not validate) and bodies that are no JSON at all are read as well."""
     try:
-        d = r.json().get("detail")
+        data = r.json()
     except ValueError:
-        d = None
+        data = None
+    d = data.get("detail") if isinstance(data, dict) else None
     if isinstance(d, list) and d:
         d = d[0].get("msg") if isinstance(d[0], dict) else d[0]
-    return str(d or f"HTTP {r.status_code}")
+    error = data.get("error") if isinstance(data, dict) else None
+    return ErrorBody(detail=str(d or f"HTTP {r.status_code}"), error=error if isinstance(error, str) else "HTTPException")

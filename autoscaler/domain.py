@@ -1,6 +1,8 @@
 """The job's domain: its states, the transitions allowed between them, and the typed outcomes a
 policy can ask for. Pure (no database, no HTTP): the store enforces the table, the policy returns
 ``Outcome`` values, and the API maps ``DomainError`` subclasses to HTTP statuses at its edge.
+``DomainError`` is a ``SpotrainError`` (its tree is in ``errors.py``); the errors of the job's domain
+are defined here.
 
 DESIGN.md "Job lifecycle": PENDING -> PROVISIONING -> RUNNING <-> RESCALING / RECOVERING ->
 SUCCEEDED | FAILED | CANCELLED | FAILED_NO_RESOURCE | FAILED_BUDGET. Every live state may end in any
@@ -11,6 +13,11 @@ terminal state is final.
 from __future__ import annotations
 
 import enum
+
+from .errors import Conflict, DomainError
+
+__all__ = ["JobState", "TERMINAL", "LIVE", "TRANSITIONS", "check_transition", "Outcome", "DomainError",
+           "JobNameTaken", "NotOwner", "IllegalTransition"]
 
 
 class JobState(str, enum.Enum):
@@ -47,9 +54,20 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
-class DomainError(Exception):
-    """A controller operation refused for a reason of the domain (the API maps each subclass to an
-    HTTP status; nothing here knows HTTP)."""
+class JobNameTaken(Conflict):
+    """A live job already has the name (DESIGN.md: names are unique among live jobs)."""
+
+    def __init__(self, message: str, *, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class NotOwner(Conflict):
+    """The job belongs to another controller, which alone may change it."""
+
+    def __init__(self, message: str, *, job_id: str = "", owner: str = "") -> None:
+        super().__init__(message)
+        self.job_id, self.owner = job_id, owner
 
 
 class IllegalTransition(DomainError):

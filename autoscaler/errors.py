@@ -1,13 +1,31 @@
-"""Errors of the controller and CLI boundary.
+"""Errors of the controller and CLI boundary: everything ``autoscaler`` raises on purpose.
 
     SpotrainError
-    ├── SpecError           (the user's job spec, scenario or --set override is invalid)
-    ├── ControllerUnreachable (no controller answers at the recorded address)
-    ├── AuthError           (the controller refused our token)
-    ├── JobNotFound         (no job with that id or name)
-    └── ApiError            (any other refusal from the controller, with its HTTP status)
+    ├── SpecError               (the user's job spec, scenario, workload or --set override is invalid)
+    │   └── WorkloadError       (simulator/workload.py: a workload file; also a ValueError)
+    ├── ControllerUnreachable   (no controller answers at the recorded address)
+    ├── AuthError               (the controller refused our token)
+    ├── DomainError             (an operation refused for a reason of the domain; nothing in it knows HTTP)
+    │   ├── JobNotFound         (no job with that id or name)
+    │   ├── Conflict            (the request contradicts the state: the operation cannot be done now)
+    │   │   ├── JobNameTaken    (domain.py: a live job already has the name)
+    │   │   └── NotOwner        (domain.py: the job belongs to another controller)
+    │   └── IllegalTransition   (domain.py: a move the lifecycle table forbids; a bug, not the user's doing)
+    ├── AgentLookupError        (remote_executor.py: an agent's credential maps to no usable instance)
+    │   ├── InstanceNotYetKnown (not recorded yet: the agent retries)
+    │   ├── InstanceTerminated  (terminated for good: the agent stops)
+    │   └── WrongInstance       (the agent claims another instance than its decision launched)
+    ├── PlanTooLarge            (simulator/omniscient.py: the offline problem is too large; also a ValueError)
+    └── ApiError                (any other refusal from the controller, with its HTTP status)
 
-The CLI prints ``str(error)`` on one line and exits non-zero; no traceback reaches the user.
+HTTP lives only at the edges: the API (``api.py``, ``api_agents.py``) maps each type to a status and
+an ``ErrorBody`` (``schemas.py``) naming the type; the client (``client.py``) maps that body back to
+the same type, so a ``JobNameTaken`` raised in the controller is a ``JobNameTaken`` in the CLI.
+
+The CLI prints ``str(error)`` on one line and exits with the type's ``exit_code``; no traceback
+reaches the user. The other boundaries have their own roots: ``cloud_providers.errors.ProviderError``
+and ``runtime.errors.RuntimeFailure`` (``tests/test_error_hierarchy.py`` checks that every error type
+of the four packages descends from one of the three).
 """
 
 from __future__ import annotations
@@ -29,11 +47,22 @@ class AuthError(SpotrainError):
     exit_code = 4
 
 
-class JobNotFound(SpotrainError):
+class DomainError(SpotrainError):
+    """A controller operation refused for a reason of the domain (the API maps each subclass to an
+    HTTP status; nothing here knows HTTP)."""
+
+
+class JobNotFound(DomainError):
     exit_code = 5
 
 
+class Conflict(DomainError):
+    """The operation contradicts the current state (a name in use, a job owned elsewhere)."""
+
+
 class ApiError(SpotrainError):
+    """A refusal of the controller the client has no more specific type for."""
+
     def __init__(self, message: str, *, status: int = 400) -> None:
         super().__init__(message)
         self.status = status

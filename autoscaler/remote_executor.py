@@ -58,6 +58,7 @@ from cloud_providers.remote.wire import (
     Report,
 )
 
+from .errors import SpotrainError
 from .home import ensure_secret, home
 from .state import InstanceRow, Store
 from .state.store import Database
@@ -118,27 +119,21 @@ class AgentTables(Database):
         super().__init__(url, tables=AGENT_TABLES)
 
 
-# ----- errors the agent API maps to HTTP -------------------------------------------------------------
-class AgentLookupError(Exception):
-    status = 400
+# ----- errors of an agent's lookup (the agent API maps them to HTTP statuses: api_agents.py) ---------
+class AgentLookupError(SpotrainError):
+    """An agent's credential maps to no instance it may use."""
 
 
 class InstanceNotYetKnown(AgentLookupError):
     """The controller has not recorded an instance for this decision yet (the agent retries)."""
 
-    status = 404
-
 
 class InstanceTerminated(AgentLookupError):
     """The instance is terminated in the controller's records: its agent should stop and exit."""
 
-    status = 410
-
 
 class WrongInstance(AgentLookupError):
     """The agent claims an instance id other than the one its decision launched."""
-
-    status = 403
 
 
 @dataclasses.dataclass(frozen=True)

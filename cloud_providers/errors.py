@@ -1,4 +1,4 @@
-"""Errors raised at the cloud boundary.
+"""Errors raised at the cloud boundary: everything ``cloud_providers`` raises on purpose.
 
 Every error a cloud SDK raises is translated where it enters, to the most specific type below, with
 ``raise ... from exc`` so the original stays attached. Recovery code chooses by type: capacity means
@@ -12,17 +12,26 @@ Every error a cloud SDK raises is translated where it enters, to the most specif
     ├── CredentialsError      (missing or invalid credentials; one line to the user)
     ├── InvalidRequest        (the request itself is wrong)
     ├── InstanceNotFound      (asked about an instance the cloud does not know)
-    └── SdkMissing            (the cloud's SDK is not installed: ``pip install 'spotrain[aws]'``)
+    ├── SdkMissing            (the cloud's SDK is not installed: ``pip install 'spotrain[aws]'``)
+    ├── TraceError            (local/market.py: a market trace file is malformed; names line and column)
+    ├── ScenarioError         (local/scenario.py: a local-cloud scenario file is invalid; names the field)
+    ├── WireError             (remote/wire.py: an agent <-> controller message breaks the wire format)
+    ├── MetadataError         (remote/metadata.py: the instance's metadata service cannot be read)
+    ├── ControllerUnreachable (remote/agent.py: the agent's controller does not answer; retry later)
+    └── InstanceGone          (remote/agent.py: the controller says the agent's instance is gone for good)
 
-``SdkMissing`` is also a ``ValueError``: like a bad provider setting, it is raised while the provider
-is being built and shown to the user as one line.
+``SdkMissing``, ``TraceError``, ``ScenarioError`` and ``WireError`` are also ``ValueError``s: like a bad
+provider setting, they reject input (a setting, a file, a message) and are shown as one line.
+The other boundaries have their own roots: ``autoscaler.errors.SpotrainError`` (controller and CLI)
+and ``runtime.errors.RuntimeFailure``.
 """
 
 from __future__ import annotations
 
 
 class ProviderError(Exception):
-    """Base of every error raised by a provider. Carries where it happened, for failover decisions."""
+    """Base of every error raised by a provider (and by the local cloud's files and the remote agent).
+    Carries where it happened, for failover decisions."""
 
     def __init__(
         self,

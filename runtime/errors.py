@@ -9,7 +9,9 @@
     └── StateError                 (a state dict cannot be represented without pickle, or does not fit)
 
 User errors in configuration are ``ValueError`` raised when a config dataclass is built, so that a
-script fails at once with one line naming the field.
+script fails at once with one line naming the field. The other boundaries have their own roots:
+``autoscaler.errors.SpotrainError`` (controller and CLI) and ``cloud_providers.errors.ProviderError``;
+``tests/test_error_hierarchy.py`` checks that every error type of the packages descends from one.
 """
 
 from __future__ import annotations

@@ -91,3 +91,36 @@ def test_bad_database_url_is_one_line(spotrain_home: Path, url: str) -> None:
     r = run_cli("status", env={"SPOTRAIN_DB_URL": url})
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "state database" in r.stderr
+
+
+def test_status_and_logs_read_the_database_without_a_controller(spotrain_home: Path, tmp_path: Path) -> None:
+    import json
+
+    from autoscaler.clouds import local_cloud
+    from autoscaler.controller import Controller
+    from autoscaler.home import db_url
+    from autoscaler.policy import get_policy
+    from autoscaler.spec import load_spec
+    from autoscaler.state import Store
+    from support import write_pw_spec
+
+    setup = local_cloud("cli-offline")
+    ctl = Controller(store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=get_policy(),
+                     controller_id="cli-offline", clock_rate=setup.clock_rate)
+    spec, workdir = load_spec(write_pw_spec(tmp_path, extra="objective: {deadline: 2h}\n"))
+    job_id = ctl.submit(spec, workdir)["job_id"]
+    ctl.cancel(job_id)
+    assert not (spotrain_home / "controller.json").exists()
+
+    listed = run_cli("status", "--json")
+    assert listed.returncode == 0, listed.stderr
+    jobs = json.loads(listed.stdout.strip().splitlines()[-1])
+    assert isinstance(jobs, list) and [j["job_id"] for j in jobs] == [job_id]
+    one = json.loads(run_cli("status", job_id, "--json").stdout.strip().splitlines()[-1])
+    assert one["state"] == "CANCELLED" and one["deadline_met"] is False and one["final_model"] is None
+    table = run_cli("status", job_id)
+    assert table.returncode == 0 and job_id in table.stdout and "CANCELLED" in table.stdout
+    logs = run_cli("logs", job_id)
+    assert logs.returncode == 0 and "PENDING -> CANCELLED" in logs.stdout
+    missing = run_cli("status", "no-such-job")
+    assert missing.returncode == 5 and missing.stderr.strip() == "spotrain: no job 'no-such-job'"

@@ -7,11 +7,14 @@ that answers but refuses our token is an error, not a reason to fall back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import ControllerUnreachable
+
+if TYPE_CHECKING:
+    from ..schemas import JobSummary
 
 
 def _controller_running() -> bool:
@@ -20,7 +23,7 @@ def _controller_running() -> bool:
     return read_controller_info() is not None
 
 
-def _offline_jobs(job_ref: str | None) -> Any:
+def _offline_jobs(job_ref: str | None) -> JobSummary | list[JobSummary]:
     from ..controller import job_summary
     from ..errors import JobNotFound
     from ..home import db_url
@@ -44,15 +47,17 @@ def status_command(job_ref: str | None, as_json: bool) -> None:
     from ..client import Client
     from . import render
 
-    data: Any = None
+    found: JobSummary | list[JobSummary] | None = None
     if _controller_running():
         try:
             c = Client()
-            data = c.job(job_ref) if job_ref else c.jobs()
+            found = c.job(job_ref) if job_ref else c.jobs()
         except ControllerUnreachable:
-            data = None
-    if data is None:
-        data = _offline_jobs(job_ref)
+            found = None
+    if found is None:
+        found = _offline_jobs(job_ref)
+    # The CLI renders, and --json prints, exactly the JSON the API sends.
+    data: Any = [j.to_json_dict() for j in found] if isinstance(found, list) else found.to_json_dict()
     if as_json:
         click.echo(render.as_json(data))
     elif job_ref is None:

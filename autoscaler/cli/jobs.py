@@ -18,9 +18,9 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool) ->
     spec, workdir = load_spec(spec_path, overrides=overrides)
     job = Client().submit(spec.to_dict(), str(workdir))
     if as_json:
-        click.echo(render.as_json(job))
+        click.echo(render.as_json(job.to_json_dict()))
     else:
-        click.echo(f"submitted {job['job_id']} ({job['state']}); follow it with: spotrain status {job['job_id']}")
+        click.echo(f"submitted {job.job_id} ({job.state.value}); follow it with: spotrain status {job.job_id}")
 
 
 @click.command("cancel")
@@ -30,4 +30,4 @@ def cancel_command(job_ref: str) -> None:
     from ..client import Client
 
     job = Client().cancel(job_ref)
-    click.echo(f"{job['job_id']}: {job['state']}")
+    click.echo(f"{job.job_id}: {job.state.value}")

@@ -94,6 +94,8 @@ def end_job(ctx: Context, s: Session, job: Job, to: JobState, reason: str, *, wh
     job.gang_attempt = 0
     job.gang_stopping = ""
     job.gang_stop_deadline = None
+    if not JobState(job.state).terminal:
+        job.finished_clock_s = ctx.provider.now_s()
     ctx.transition(s, job, to, reason)
     ctx.forget(job.job_id)
 

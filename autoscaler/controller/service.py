@@ -21,8 +21,8 @@ from cloud_providers.clock import WALL_CLOCK, Clock
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import Executor
 
-from ..domain import JobState
-from ..errors import ApiError, JobNotFound
+from ..domain import JobNameTaken, JobState, NotOwner
+from ..errors import JobNotFound
 from ..home import default_store
 from ..policy import Policy
 from ..spec import JobSpec
@@ -113,7 +113,7 @@ class Controller:
         ctx = self.ctx
         with self._lock, ctx.store.session() as s:
             if ctx.store.live_job_named(s, spec.name) is not None:
-                raise ApiError(f"a live job named {spec.name!r} already exists", status=409)
+                raise JobNameTaken(f"a live job named {spec.name!r} already exists", name=spec.name)
             job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
             store_uri = spec.checkpoint.store or default_store()
             job = Job(
@@ -125,7 +125,7 @@ class Controller:
             s.add(job)
             s.flush()
             ctx.note(s, job, "submitted", f"job {job_id} submitted")
-            return job_summary(job, [], now=ctx.now())
+            return job_summary(job, [], now=ctx.now()).to_json_dict()
 
     def _end(self, ref: str, to: JobState, why: str, *, own_only: bool) -> dict[str, Any]:
         ctx = self.ctx
@@ -135,10 +135,11 @@ class Controller:
                 raise JobNotFound(f"no job {ref!r}")
             live = not JobState(job.state).terminal
             if own_only and live and job.controller_id != ctx.controller_id:
-                raise ApiError(f"job {job.job_id} belongs to controller {job.controller_id}, not this one", status=409)
+                raise NotOwner(f"job {job.job_id} belongs to controller {job.controller_id}, not this one",
+                               job_id=job.job_id, owner=job.controller_id)
             if live:
                 end_job(ctx, s, job, to, why, why=why if to is JobState.FAILED else "job cancelled")
-            return job_summary(job, ctx.store.instances(s, job.job_id), now=ctx.now())
+            return job_summary(job, ctx.store.instances(s, job.job_id), now=ctx.now()).to_json_dict()
 
     def cancel(self, ref: str) -> dict[str, Any]:
         return self._end(ref, JobState.CANCELLED, "cancelled by user", own_only=True)
@@ -154,7 +155,7 @@ class Controller:
             job = ctx.store.job(s, ref)
             if job is None:
                 raise JobNotFound(f"no job {ref!r}")
-            return job_summary(job, ctx.store.instances(s, job.job_id), now=ctx.now())
+            return job_summary(job, ctx.store.instances(s, job.job_id), now=ctx.now()).to_json_dict()
 
     # ----- the reconcile loop -----
     def tick(self) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 
 from ..domain import Outcome
+from ..errors import SpotrainError
 from ..policy.base import Allocation, JobView, Placement, PolicyInput
 from ..policy.jobmath import gang_rate, on_demand_allowed, spot_allowed
 from .engine import SimJob, Simulation
@@ -44,7 +45,7 @@ UNIT_S = 60.0
 MAX_DP_CELLS = 2e8
 
 
-class PlanTooLarge(ValueError):
+class PlanTooLarge(SpotrainError, ValueError):
     """The offline problem is beyond ``MAX_DP_CELLS`` (a very long deadline or a lot of work)."""
 
 

@@ -66,7 +66,7 @@ MAX_REPLICAS = 4096
 MAX_BATCH = 1 << 20
 
 
-class WorkloadError(ValueError):
+class WorkloadError(SpecError, ValueError):
     """A workload file that cannot be read; the message names the line and the field."""
 
 

@@ -36,6 +36,8 @@ class Job(Base):
     submitted_at: Mapped[float] = mapped_column(Float, default=time.time)
     submitted_clock_s: Mapped[float] = mapped_column(Float, default=0.0)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # When the job ended on the provider's clock (submitted_clock_s's clock): deadlines are kept there.
+    finished_clock_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # Attempt whose workers are running now (0: none).
     gang_attempt: Mapped[int] = mapped_column(Integer, default=0)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..base import Offering
 from ..catalog import NOTICE_SECONDS
+from ..errors import ProviderError
 
 HEADER = (
     "time_s",
@@ -39,7 +40,7 @@ MAX_GPUS = 64
 MAX_SPOT_AVAILABLE = 1_000_000
 
 
-class TraceError(ValueError):
+class TraceError(ProviderError, ValueError):
     """The trace file is malformed; the message names the line and column."""
 
 

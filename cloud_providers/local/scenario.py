@@ -18,9 +18,10 @@ from typing import Any
 import yaml
 
 from ..durations import parse_duration_s
+from ..errors import ProviderError
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ProviderError, ValueError):
     """The scenario file is invalid; the message is one line naming the field."""
 
 

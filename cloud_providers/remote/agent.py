@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from ..errors import ProviderError
 from ..local.agent import PHASE_EXITED, PHASE_SETUP, Gang, GangLaunch
 from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
 from .config import AgentConfig
@@ -66,11 +67,11 @@ log = logging.getLogger("spotrain.agent")
 EXIT_CANNOT_START = 127
 
 
-class ControllerUnreachable(Exception):
+class ControllerUnreachable(ProviderError):
     """The controller did not answer (down, restarting, network): keep going, retry later."""
 
 
-class InstanceGone(Exception):
+class InstanceGone(ProviderError):
     """The controller says this instance is terminated for good (HTTP 410)."""
 
 

@@ -22,13 +22,14 @@ from typing import Any, Protocol
 
 import httpx
 
+from ..errors import ProviderError
 from .config import NOTICE_SOURCE_AWS, NOTICE_SOURCE_GCE, AgentConfig
 
 NOTICE_PREEMPTION = "preemption"
 GCE_NOTICE_S = 30.0
 
 
-class MetadataError(Exception):
+class MetadataError(ProviderError):
     """The metadata service could not be read (unreachable, or an unexpected answer)."""
 
 

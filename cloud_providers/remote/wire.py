@@ -21,6 +21,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..errors import ProviderError
+
 ASSIGNMENT_PATH = "/v1/agent/assignment"
 REPORT_PATH = "/v1/agent/report"
 
@@ -32,7 +34,7 @@ STATE_STOPPED = "stopped"
 STATES = (STATE_IDLE, STATE_SETUP, STATE_RUNNING, STATE_EXITED, STATE_STOPPED)
 
 
-class WireError(ValueError):
+class WireError(ProviderError, ValueError):
     """A message that does not follow the wire format (one line naming the field)."""
 
 

@@ -1,0 +1,115 @@
+"""The controller API's request and response models, shared by the API, the client and the CLI.
+
+The API declares them (``response_model=``, ``responses=``), so ``/openapi.json`` describes what it
+really sends; the client parses every answer into them; the CLI and ``Controller``'s operations give
+their ``to_json_dict()`` (exactly the JSON the API sends) to scripts and the renderers.
+``JobSummary`` is the job of DESIGN.md's ``--json`` contract: at least ``job_id, name, state,
+preemptions, cost_usd, on_demand_cost_usd, metric, final_model, deadline_met``.
+
+Unknown fields in an answer are ignored, so a client reads the answers of a newer controller.
+Non-finite floats (a diverged loss) are sent as ``null``: JSON has no NaN.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from cloud_providers.base import InstanceState
+
+from .domain import JobState
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The answer as the API sends it: plain JSON values, non-finite floats as None."""
+        data: dict[str, Any] = json.loads(self.model_dump_json())
+        return data
+
+
+class Worker(_Answer):
+    """One live instance of a job (terminated ones are left out)."""
+
+    instance_id: str
+    offering: str = Field(description="Offering key: cloud/zone/instance_type/ACCEL:N")
+    market: str = Field(description="spot | on-demand")
+    state: InstanceState
+    gpus: int
+
+
+class JobSummary(_Answer):
+    """A job as the API, the client and ``spotrain status --json`` show it."""
+
+    job_id: str
+    name: str
+    state: JobState
+    reason: str
+    cloud: str
+    preemptions: int
+    restarts_on_errors: int
+    attempts: int
+    cost_usd: float
+    on_demand_cost_usd: float = Field(description="What the same instance-hours would have cost on-demand")
+    cost_by_market_usd: dict[str, float]
+    metric: float | None
+    metric_name: str | None
+    loss: float | None
+    step: int
+    total_steps: int | None
+    last_checkpoint_step: int | None
+    final_model: str | None = Field(description="Path or URI of the final weights, once the job succeeded")
+    checkpoint_uri: str
+    submitted_at: float = Field(description="Controller clock (unix seconds as a service)")
+    finished_at: float | None
+    wall_s: float
+    restart_overhead_s: float | None
+    workers: list[Worker]
+    spot_seconds: float
+    on_demand_seconds: float
+    deadline_met: bool | None = Field(
+        default=None,
+        description="Whether the job succeeded within objective.deadline (provider clock, from submission); "
+                    "false when it ended otherwise; null with no deadline, while it runs, or when not recorded",
+    )
+
+
+class JobList(RootModel[list[JobSummary]]):
+    """Every job the controller knows, oldest first."""
+
+
+class JobEvent(_Answer):
+    """One row of a job's history: a state transition (``kind == "state"``) or a note."""
+
+    ts: float = Field(description="Controller clock")
+    kind: str
+    from_state: str
+    to_state: str
+    reason: str
+
+
+class JobEvents(RootModel[list[JobEvent]]):
+    """A job's events, in order."""
+
+
+class Health(_Answer):
+    ok: bool
+    controller_id: str
+    uptime_s: float
+    last_tick_error: str | None
+
+
+class ErrorBody(_Answer):
+    """The body of every refusal: ``detail`` is the one line the CLI prints, ``error`` the type of
+    ``autoscaler.errors`` (or of the provider's tree) it came from."""
+
+    detail: str
+    error: str = "HTTPException"
+
+
+class SubmitRequest(BaseModel):
+    spec: dict[str, Any] = Field(description="The job spec (v1), as ``spotrain submit`` read it")
+    workdir: str = Field(description="Absolute directory on the controller's machine holding the job's code")
