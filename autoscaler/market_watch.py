@@ -91,6 +91,11 @@ class MarketWatcher:
             out[key] = w.history(key, out.get(key, MarketHistory(key)))
         return out
 
+    def seed(self, watches: Mapping[str, Watch]) -> None:
+        """Start from what watching showed before (the simulator: a controller that has been watching
+        the market since the trace began, as a running service has)."""
+        self._w.update(watches)
+
     def snapshot(self) -> dict[str, Watch]:
         """The watch of every offering seen so far (immutable values)."""
         return dict(self._w)

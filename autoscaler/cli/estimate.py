@@ -1,6 +1,8 @@
 """``spotrain estimate SPEC``: predicted cost and finish time, with a range, from the simulator.
 
-It runs the spotrain policy on the market trace from many seeded start times and reports the median
+It runs the controller with the spotrain policy on a virtual clock over the market trace (the
+simulator is the controller: budget guard, minimum bills and back-off included) from many seeded
+start times and reports the median
 and the 10th-90th percentile range of cost and finish time over the runs that finished, the share
 that did not (stopped by the budget, or not done within the horizon) and the share that met the
 deadline: the same numbers ``spotrain simulate --starts N`` would give one by one.

@@ -13,7 +13,8 @@ from cloud_providers.local.market import MarketTrace, TraceError
 from ..errors import SpecError
 from ..policy import get_policy
 from ..policy.base import eligible_offerings
-from ..simulator import POLICIES, Simulation, make_sim_job, run_named
+from ..simulator import POLICIES, Simulation, make_sim_job
+from ..simulator.jobs import run_controller
 from ..simulator.jobs import restart_overhead_from_measurements
 from ..simulator.omniscient import PlanTooLarge
 from ..simulator.workload import DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
@@ -38,13 +39,14 @@ def random_starts(trace: MarketTrace, job: SimJob, n: int, seed: int) -> list[fl
 
 
 def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) -> list[SimResult]:
+    """Each start through the controller itself on a virtual clock (``simulator.world``)."""
     if not eligible_offerings(job.spec, trace.offerings_at(0.0)):
         r = job.spec.resources
         raise SpecError(f"trace error: no offering in the trace matches the job's resources (accelerators "
                         f"{', '.join(map(str, r.accelerators))}; clouds {', '.join(r.clouds)})")
     sim = Simulation(trace, job.spec)
     try:
-        return [run_named(sim, job, policy, s) for s in starts]
+        return [run_controller(sim, job, policy, s) for s in starts]
     except PlanTooLarge as exc:
         raise SpecError(str(exc)) from None
 

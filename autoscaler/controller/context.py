@@ -16,9 +16,11 @@ from sqlalchemy.orm import Session
 from cloud_providers.base import Provider
 from cloud_providers.clock import Clock
 from cloud_providers.executor import Executor
+from cost_models.scaling import Scaling
 
 from ..domain import JobState
 from ..home import logs_dir
+from ..scaling import measured_scaling
 from ..market_watch import MarketWatcher
 from ..policy import Policy
 from ..spec import JobSpec, spec_from_dict
@@ -66,10 +68,14 @@ class Context:
     timings: Timings = dataclasses.field(default_factory=Timings)
     # Where a job's worker logs go (the simulator's workers write none).
     logs_dir: Callable[[str], Path] = logs_dir
+    # The job's throughput model for the policy (job_id, spec): the spec's profile when it names one.
+    # The simulator gives it the model its simulated workers run at.
+    scaling_of: Callable[[str, JobSpec], Scaling | None] = lambda _job_id, spec: measured_scaling(spec)
     # job_id -> {"<offering_key>|<market>": provider-clock time of the last capacity refusal}
     capacity_failures: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
-    # job_id -> controller-clock time the last gang stopped (for measuring the restart overhead)
-    gang_stopped_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    # job_id -> provider-clock marks of the last restart, for measuring its overhead: "disrupted" (the
+    # gang got a notice or a stop), "ended" (it exited), "launched" (the new gang's newest instance).
+    restart_marks: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     # job_id -> (last checkpoint step seen, controller-clock time it was first seen)
     last_checkpoint: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
     market: MarketWatcher = dataclasses.field(default_factory=MarketWatcher)
@@ -101,6 +107,6 @@ class Context:
 
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
-        for d in (self.capacity_failures, self.gang_stopped_at, self.last_checkpoint, self._specs):
+        for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs):
             d.pop(job_id, None)  # type: ignore[attr-defined]
 

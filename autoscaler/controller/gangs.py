@@ -48,6 +48,8 @@ def on_instance_change(ctx: Context, s: Session, row: InstanceRow, state: Instan
                     ctx.executor.notify(peer.instance_id, notice)
         if job is not None:
             job.preemptions += 1
+            if job.gang_attempt and row.attempt == job.gang_attempt:
+                mark_disrupted(ctx, job)
             ctx.note(s, job, "preemption-notice", f"{row.instance_id} ({row.offering_key}, {row.market}): {row.interruption}")
     elif state is InstanceState.RUNNING and row.state == InstanceState.PENDING.value:
         row.state = state.value
@@ -61,6 +63,23 @@ def on_instance_change(ctx: Context, s: Session, row: InstanceRow, state: Instan
                 job.preemptions += 1
         if job is not None:
             ctx.note(s, job, "instance-terminated", f"{row.instance_id} terminated ({row.interruption or 'released'})")
+
+
+def mark_disrupted(ctx: Context, job: Job) -> None:
+    """The running gang was told it must end (a notice, a stop): its restart overhead starts now."""
+    marks = ctx.restart_marks.setdefault(job.job_id, {})
+    if "ended" in marks or "disrupted" not in marks:
+        ctx.restart_marks[job.job_id] = {"disrupted": ctx.provider.now_s()}
+
+
+def measured_restart_s(marks: Mapping[str, float], now_s: float) -> float | None:
+    """Training time a restart cost: from the later of the disruption and the newest instance's launch
+    (the replacement usually launches at the notice) to training moving again. Waiting for capacity
+    in between is not a restart's cost."""
+    if "ended" not in marks:
+        return None
+    origin = max(marks.get("disrupted", marks["ended"]), marks.get("launched", marks["ended"]))
+    return max(0.0, now_s - origin)
 
 
 def _infra_lost(gang: list[InstanceRow]) -> bool:
@@ -146,9 +165,11 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
     (one job's bad report must never stop the loop for the others)."""
     step = _int_field(prog, "step")
     if step is not None:
-        if job.job_id in ctx.gang_stopped_at and step > job.step and job.gang_attempt:
-            # Training moved again after a restart: that gap is the job's measured restart overhead.
-            job.restart_overhead_s = (ctx.now() - ctx.gang_stopped_at.pop(job.job_id)) * ctx.clock_rate
+        marks = ctx.restart_marks.get(job.job_id)
+        if marks is not None and step > job.step and job.gang_attempt and "launched" in marks:
+            # Training moved again after a restart: the job's measured restart overhead.
+            job.restart_overhead_s = measured_restart_s(marks, ctx.provider.now_s())
+            ctx.restart_marks.pop(job.job_id, None)
         job.step = step
         if job.step > job.gang_start_step:
             job.stalled_restarts = 0
@@ -161,6 +182,9 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
         job.loss = loss
     if (ckpt := _int_field(prog, "last_checkpoint_step")) is not None:
         job.last_checkpoint_step = ckpt
+        if (at := _float_field(prog, "last_checkpoint_unix_s")) is not None and at <= ctx.now() + 60.0:
+            # When the runtime says it was durable (else the controller dates it when it first sees it).
+            ctx.last_checkpoint[job.job_id] = (ckpt, at)
     if isinstance(prog.get("final_model"), str):
         job.final_model = prog["final_model"]
 
@@ -174,6 +198,7 @@ def succeed(ctx: Context, s: Session, job: Job) -> None:
 
 def tell_gang_to_stop(ctx: Context, job: Job, gang: list[InstanceRow], why: str) -> None:
     t = ctx.timings
+    mark_disrupted(ctx, job)
     job.gang_stopping = why
     job.gang_stop_deadline = ctx.now() + t.stop_notice_s + t.stop_grace_s
     for r in gang:
@@ -189,7 +214,11 @@ def _clear_gang(job: Job) -> None:
 def gang_ended(ctx: Context, s: Session, job: Job, reason: str) -> None:
     stopping = job.gang_stopping
     _clear_gang(job)
-    ctx.gang_stopped_at[job.job_id] = ctx.now()
+    now_s = ctx.provider.now_s()
+    marks = ctx.restart_marks.get(job.job_id)
+    if marks is None or "ended" in marks:
+        marks = ctx.restart_marks[job.job_id] = {"disrupted": now_s}  # ended with no notice (a lost gang)
+    marks["ended"] = now_s
     ctx.note(s, job, "gang-stopped", reason)
     if stopping == "rescale":
         ctx.transition(s, job, JobState.RESCALING, "resizing: " + reason)
@@ -221,6 +250,8 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -
     job.gang_stopping = ""
     job.gang_stop_deadline = None
     world = sum(r.gpus for r in members)
+    if job.job_id in ctx.restart_marks:
+        ctx.restart_marks[job.job_id]["launched"] = max(r.launched_at_s for r in members)
     for r in members:
         r.attempt = job.attempt
     # Write-ahead, as for launches: the attempt and its rendezvous port are durable before any worker

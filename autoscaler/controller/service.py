@@ -49,14 +49,18 @@ class Controller:
         clock_rate: float = 1.0,
         clock: Clock = WALL_CLOCK,
         timings: Timings | None = None,
+        strict: bool = False,
     ) -> None:
         """``clock_rate``: provider-clock seconds per controller-clock second (the local cloud's time
-        scale). ``clock``: where the controller reads time (virtual in the simulator)."""
+        scale). ``clock``: where the controller reads time (virtual in the simulator). ``strict``: a
+        tick that fails raises (the simulator: an error there is a bug to see, not a cloud hiccup to
+        ride out)."""
         self.ctx = Context(store=store, provider=provider, executor=executor, policy=policy, controller_id=controller_id,
                            clock=clock, tick_s=tick_s, clock_rate=clock_rate, timings=timings or Timings())
         self._lock = threading.RLock()
         self._scheduler: Any = None
         self.last_tick_error: str | None = None
+        self.strict = strict
 
     # Collaborators, for callers that inspect the controller (the API, tests).
     @property
@@ -168,8 +172,12 @@ class Controller:
                 # A cloud hiccup must not kill the loop; the next tick retries.
                 self.last_tick_error = f"{type(exc).__name__}: {exc}"
                 log.warning("reconcile: %s", self.last_tick_error)
+                if self.strict:
+                    raise
             except Exception as exc:  # noqa: BLE001 - the loop must survive a bug; /healthz reports it
                 self.last_tick_error = f"{type(exc).__name__}: {exc}"
+                if self.strict:
+                    raise
                 log.exception("reconcile failed")
             finally:
                 self.ctx.last_tick_s = self.ctx.clock.now() - t0

@@ -15,7 +15,6 @@ from cloud_providers.base import ON_DEMAND, SPOT, InstanceState, Offering
 from ..domain import JobState
 from ..errors import SpotrainError
 from ..policy import Held, JobView
-from ..scaling import measured_scaling
 from ..schemas import JobSummary, Worker
 from ..spec import spec_from_stored
 from ..state import InstanceRow, Job
@@ -33,13 +32,18 @@ def held_of(rows: Sequence[InstanceRow], by_key: Mapping[str, Offering]) -> tupl
 
 
 def _since_checkpoint_s(ctx: Context, job: Job) -> float | None:
+    """Seconds of the running gang's work a preemption without time to checkpoint would lose: since
+    its last checkpoint, or since it started (it resumed from one); 0 with no gang running."""
     if job.last_checkpoint_step is None:
         return None
     seen = ctx.last_checkpoint.get(job.job_id)
     if seen is None or seen[0] != job.last_checkpoint_step:
         seen = (job.last_checkpoint_step, ctx.now())
         ctx.last_checkpoint[job.job_id] = seen
-    return (ctx.now() - seen[1]) * ctx.clock_rate
+    if not job.gang_attempt:
+        return 0.0
+    since = max(seen[1], job.gang_started_at or seen[1])
+    return max(0.0, ctx.now() - since) * ctx.clock_rate
 
 
 def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mapping[str, Offering]) -> JobView:
@@ -58,7 +62,7 @@ def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mappin
         cost_so_far_usd=job.cost_usd,
         restart_overhead_s=job.restart_overhead_s,
         recent_capacity_failures=dict(ctx.capacity_failures.get(job.job_id, {})),
-        scaling=measured_scaling(spec),
+        scaling=ctx.scaling_of(job.job_id, spec),
         since_checkpoint_s=_since_checkpoint_s(ctx, job),
         restarting=restarting,
     )

@@ -6,12 +6,13 @@ from pathlib import Path
 
 from cost_models.scaling import Scaling
 
-from ..policy import get_policy
+from ..policy import Policy, get_policy
 from ..policy.jobmath import DEFAULT_RESTART_OVERHEAD_S
 from ..scaling import spec_scaling
 from ..spec import JobSpec
 from .engine import SimJob, SimResult, Simulation
 from .omniscient import PlanPolicy, plan_omniscient
+from .world import run_job
 
 POLICIES = ("on-demand", "greedy-spot", "uniform-progress", "omniscient", "spotrain")
 # Seconds from asking the cloud for an instance to the worker process starting (AWS/GCP GPU VMs
@@ -45,13 +46,25 @@ def make_sim_job(
     )
 
 
-def run_named(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:
-    """Run one of ``POLICIES`` from ``start_s``."""
+def named_policy(sim: Simulation, job: SimJob, policy: str, start_s: float) -> Policy:
+    """One of ``POLICIES`` for a job starting at ``start_s`` (omniscient plans from the whole trace)."""
     if policy == "omniscient":
         if job.spec.workers.min != job.spec.workers.max:
             raise ValueError("omniscient is defined for fixed-size jobs (workers.min == workers.max)")
-        plan = plan_omniscient(sim, job, start_s)
-        return sim.run(job, PlanPolicy(plan), start_s)
+        return PlanPolicy(plan_omniscient(sim, job, start_s))
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
-    return sim.run(job, get_policy(policy), start_s)
+    return get_policy(policy)
+
+
+def run_controller(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:
+    """One of ``POLICIES`` from ``start_s`` through the controller on a virtual clock: what
+    ``spotrain simulate`` and ``estimate`` report."""
+    return run_job(sim.trace, job, named_policy(sim, job, policy, start_s), start_s, grid_s=sim.grid_s,
+                   watch_keys=sim.keys, market_watch=sim.watch)
+
+
+def run_named(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:
+    """One of ``POLICIES`` from ``start_s`` on the policy-only fast path (``engine``), for large
+    sweeps; ``tests/policy/test_fast_path.py`` checks it against ``run_controller``."""
+    return sim.run(job, named_policy(sim, job, policy, start_s), start_s)

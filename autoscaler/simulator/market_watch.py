@@ -37,12 +37,16 @@ class _KeyWatch:
             self.times.append(t)
             self.watches.append(w)
 
-    def at(self, key: str, t: float) -> MarketHistory | None:
+    def watch_at(self, t: float) -> Watch | None:
         i = bisect.bisect_right(self.times, t) - 1
         if not self.watches:
             return None
         w = self.watches[max(0, i)]
-        return w.advance(t, w.last_avail).history(key)
+        return w.advance(t, w.last_avail)
+
+    def at(self, key: str, t: float) -> MarketHistory | None:
+        w = self.watch_at(t)
+        return None if w is None else w.history(key)
 
 
 class MarketWatch:
@@ -52,6 +56,15 @@ class MarketWatch:
     def __init__(self, trace: MarketTrace, keys: Iterable[str]) -> None:
         times = sorted(set(trace.change_times()))
         self._keys = {k: _KeyWatch(trace, k, times) for k in keys}
+
+    def watches_at(self, t: float) -> dict[str, Watch]:
+        """The controller's watch of each offering at ``t`` (to seed a ``MarketWatcher``)."""
+        out = {}
+        for k, kw in self._keys.items():
+            w = kw.watch_at(t)
+            if w is not None:
+                out[k] = w
+        return out
 
     def history_at(self, t: float) -> dict[str, MarketHistory]:
         out = {}

@@ -16,15 +16,14 @@ iterations of the last row of ``<model>/validation-<M0>.csv`` (iterations at the
 times ``T_step(1 GPU, M0)``, in reference GPU-seconds (YOLOv3: a quarter of ImageNet's, see
 ``WORK_SCALE``). The job then runs at its own batch with the profile's speedup for it.
 
-All jobs share the market: the spot room of an offering is split among them (first come, first
-served; when room shrinks the most recently submitted holders are preempted first). The policy decides
-for all active jobs at once, as the controller does. Deadlines are optional: ``deadline_factor`` F gives
+The workload runs through one controller on a virtual clock (``world.World``): the jobs share the
+local cloud's market (spot room per offering; when room shrinks the newest instances are preempted
+first), and the policy decides for all live jobs at once, as it does in the service. Deadlines are optional: ``deadline_factor`` F gives
 each job F times its time on the fastest on-demand gang of its size.
 """
 
 from __future__ import annotations
 
-import bisect
 import csv
 import dataclasses
 import math
@@ -33,15 +32,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cloud_providers.base import SPOT, Offering
+from cloud_providers.base import Offering
 from cloud_providers.local.market import MarketTrace
 from cost_models.scaling import ProfileScaling, pollux_model
 
-from ..policy.base import Held, JobView, Policy, PolicyInput
-from ..policy.jobmath import gang_rate
 from ..errors import SpecError
+from ..policy.base import Policy
+from ..policy.jobmath import gang_rate
 from ..spec import JobSpec, spec_from_dict
-from .engine import GRID_S, MAX_DECISION_GAP_S
+from .executor import SimWorkload
+from .world import JobOutcome, World
 
 # Pollux application -> the profile it runs with (see the module docstring for the two mapped ones).
 APPLICATION_PROFILE = {"cifar10": "cifar10", "bert": "bert", "imagenet": "imagenet", "ncf": "ncf",
@@ -140,26 +140,17 @@ def workload_spec(job: WorkloadJob, offerings: Sequence[Offering], work_s: float
 class _Run:
     job: WorkloadJob
     spec: JobSpec
-    scaling: ProfileScaling
-    work: float
+    workload: SimWorkload
     deadline_s: float | None
-    holdings: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
-    progress: float = 0.0
-    overhead_left: float = 0.0
-    cost: float = 0.0
-    od_cost: float = 0.0
-    preemptions: int = 0
-    broken: bool = False
-    wake: float = 0.0
-    finish_s: float | None = None
-    state: str = "PENDING"
+    job_id: str = ""
 
 
 def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
                       restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
                       max_s: float = 14 * 86400.0) -> dict[str, Any]:
-    """Replay ``jobs`` (submit times relative to ``start_s`` on the trace) and return the summary and
-    one record per job (cost, JCT, deadline)."""
+    """Replay ``jobs`` (submit times relative to ``start_s`` on the trace) through one controller on a
+    virtual clock (``World``) and return the summary and one record per job (cost, JCT, deadline).
+    The jobs share the market as they would the cloud: the local cloud's spot room per offering."""
     if deadline_factor is not None and deadline_factor <= 1.0:
         raise ValueError("deadline_factor must be > 1 (or None for no deadlines)")
     offers0 = trace.offerings_at(start_s)
@@ -179,115 +170,28 @@ def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: P
             spec = workload_spec(j, fits, work, deadline)
         except SpecError as exc:
             raise WorkloadError(f"job {j.name}: {str(exc).removeprefix('spec error: ')}") from None
-        runs.append(_Run(j, spec, scaling, work, deadline))
-    t = start_s
-    end = start_s + max_s
-    change_times = sorted(trace.change_times())
-    while True:
-        active = [r for r in runs if r.state in ("PENDING", "RUNNING") and start_s + r.job.submit_s <= t + 1e-9]
-        for r in active:
-            r.state = "RUNNING"
-        offers = {o.key: o for o in trace.offerings_at(t)}
-        # 1. The market: spot room shrinks -> the latest-submitted holders lose first.
-        for key, o in offers.items():
-            held = [(r, r.holdings.get((key, SPOT), 0)) for r in active if r.holdings.get((key, SPOT), 0) > 0]
-            over = sum(n for _, n in held) - (o.spot_available or 0)
-            for r, n in sorted(held, key=lambda x: -x[0].job.submit_s):
-                if over <= 0:
-                    break
-                lose = min(n, over)
-                over -= lose
-                r.preemptions += lose
-                r.broken = True
-                if n - lose > 0:
-                    r.holdings[(key, SPOT)] = n - lose
-                else:
-                    del r.holdings[(key, SPOT)]
-        # 2. One decision for all active jobs.
-        if active:
-            views = [JobView(job_id=r.job.name, spec=r.spec, submitted_s=start_s + r.job.submit_s, progress=min(1.0, r.progress / r.work),
-                             held=tuple(Held(k, m, n, offers[k].gpus) for (k, m), n in sorted(r.holdings.items()) if n > 0),
-                             cost_so_far_usd=r.cost, restart_overhead_s=restart_overhead_s, scaling=r.scaling, restarting=r.broken)
-                     for r in active]
-            allocs = policy.decide(PolicyInput(now_s=t, jobs=views, offerings=tuple(offers.values()), decision_interval_s=GRID_S))
-            room = {k: o.spot_available or 0 for k, o in offers.items()}
-            for r in active:
-                for (k, m), n in r.holdings.items():
-                    if m == SPOT:
-                        room[k] -= n
-            for r, a in zip(active, allocs):
-                if a.outcome is not None:
-                    for (k, m), n in r.holdings.items():
-                        if m == SPOT:
-                            room[k] += n  # its spot instances go back to the market for the others
-                    r.state, r.holdings = a.outcome.state.value, {}
-                    continue
-                target: dict[tuple[str, str], int] = {}
-                mine = {k: n for (k, m), n in r.holdings.items() if m == SPOT}
-                for p in a.placements:
-                    if p.offering_key not in offers or p.instances <= 0:
-                        continue
-                    n = p.instances
-                    if p.market == SPOT:
-                        n = min(n, room.get(p.offering_key, 0) + mine.get(p.offering_key, 0))
-                    if n > 0:
-                        target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
-                if sum(n * offers[k].gpus for (k, _), n in target.items()) < r.spec.workers.min:
-                    target = {}  # not enough room for the gang: hold nothing rather than a broken gang
-                for (k, m), n in target.items():
-                    if m == SPOT:
-                        room[k] -= n - mine.get(k, 0)
-                for k, n in mine.items():
-                    if (k, SPOT) not in target:
-                        room[k] += n
-                if target != r.holdings or r.broken:
-                    # Any change of the gang (or a lost worker) restarts it.
-                    r.overhead_left = restart_overhead_s if target else 0.0
-                    r.holdings = target
-                r.broken = False
-                r.wake = t + MAX_DECISION_GAP_S if a.next_decision_s is None else min(t + MAX_DECISION_GAP_S, max(a.next_decision_s, t + GRID_S))
-        # 3. Advance to the next event.
-        i = bisect.bisect_right(change_times, t)
-        nxt = [change_times[i] if i < len(change_times) else end, end]
-        nxt += [start_s + r.job.submit_s for r in runs if r.state == "PENDING" and start_s + r.job.submit_s > t + 1e-9]
-        rates = {}
-        for r in runs:
-            if r.state != "RUNNING":
-                continue
-            nxt.append(r.wake)
-            rate = gang_rate(r.scaling, [(offers[k], n) for (k, _), n in r.holdings.items()])
-            rates[id(r)] = rate
-            if rate > 0:
-                nxt.append(t + r.overhead_left + (r.work - r.progress) / rate)
-        t_next = max(t, min(nxt))
-        dt = t_next - t
-        for r in runs:
-            if r.state != "RUNNING":
-                continue
-            price_s = sum(offers[k].price_usd_per_hour(m) * n for (k, m), n in r.holdings.items()) / 3600.0
-            r.cost += price_s * dt
-            r.od_cost += sum(offers[k].on_demand_price_usd_per_hour * n for (k, _), n in r.holdings.items()) / 3600.0 * dt
-            useful = max(0.0, dt - r.overhead_left)
-            r.overhead_left = max(0.0, r.overhead_left - dt)
-            r.progress += rates.get(id(r), 0.0) * useful
-            if rates.get(id(r), 0.0) > 0 and r.progress >= r.work - 1e-6:
-                r.state, r.finish_s, r.holdings = "SUCCEEDED", t_next, {}
-        t = t_next
-        if all(r.state not in ("PENDING", "RUNNING") for r in runs) or t >= end:
-            break
-    return _summary(runs, start_s, getattr(policy, "name", type(policy).__name__))
+        sim = SimWorkload(work_s=work, scaling=scaling, restart_overhead_s=restart_overhead_s,
+                          checkpoint_interval_s=spec.checkpoint.interval_s)
+        runs.append(_Run(j, spec, sim, deadline))
+    world = World(trace, policy, start_s=start_s)
+    ids = world.run(horizon_s=start_s + max_s,
+                    arrivals=[(start_s + r.job.submit_s, r.spec, r.workload) for r in runs])
+    outcomes = {k: world.outcome(v) for k, v in ids.items()}
+    return _summary(runs, [outcomes.get(str(k)) for k in range(len(runs))], start_s,
+                    getattr(policy, "name", type(policy).__name__))
 
 
-def _summary(runs: Sequence[_Run], start_s: float, policy: str) -> dict[str, Any]:
+def _summary(runs: Sequence[_Run], outcomes: Sequence[JobOutcome | None], start_s: float, policy: str) -> dict[str, Any]:
     per_job = []
-    for r in runs:
-        jct = None if r.finish_s is None else (r.finish_s - start_s - r.job.submit_s) / 3600.0
-        met = r.finish_s is not None and (r.deadline_s is None or jct * 3600.0 <= r.deadline_s + 1e-6)  # type: ignore[operator]
+    for r, o in zip(runs, outcomes):
+        ended = o is not None and o.state == "SUCCEEDED" and o.finished_s is not None
+        jct = (o.finished_s - start_s - r.job.submit_s) / 3600.0 if ended and o is not None and o.finished_s is not None else None
         per_job.append({"name": r.job.name, "application": r.job.application, "profile": r.job.profile, "replicas": r.job.replicas,
-                        "state": r.state if r.state != "RUNNING" else "UNFINISHED", "cost_usd": round(r.cost, 4),
-                        "on_demand_cost_usd": round(r.od_cost, 4), "jct_hours": None if jct is None else round(jct, 4),
+                        "state": o.state if o is not None else "UNFINISHED", "cost_usd": round(o.cost_usd if o else 0.0, 4),
+                        "on_demand_cost_usd": round(o.on_demand_cost_usd if o else 0.0, 4),
+                        "jct_hours": None if jct is None else round(jct, 4),
                         "deadline_hours": None if r.deadline_s is None else round(r.deadline_s / 3600.0, 4),
-                        "deadline_met": met, "preemptions": r.preemptions})
+                        "deadline_met": bool(o is not None and o.deadline_met), "preemptions": o.preemptions if o else 0})
     done = [j["jct_hours"] for j in per_job if j["jct_hours"] is not None]
     return {
         "policy": policy,
