@@ -38,7 +38,7 @@ def random_starts(trace: MarketTrace, job: SimJob, n: int, seed: int) -> list[fl
     return [float(x) for x in rng.uniform(0.0, hi, n)] if hi > 0 else [0.0] * n
 
 
-def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) -> list[SimResult]:
+def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], *, min_billed_s: float = 0.0) -> list[SimResult]:
     """Each start through the controller itself on a virtual clock (``simulator.world``)."""
     if not eligible_offerings(job.spec, trace.offerings_at(0.0)):
         r = job.spec.resources
@@ -46,7 +46,7 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) 
                         f"{', '.join(map(str, r.accelerators))}; clouds {', '.join(r.clouds)})")
     sim = Simulation(trace, job.spec)
     try:
-        return [run_controller(sim, job, policy, s) for s in starts]
+        return [run_controller(sim, job, policy, s, min_billed_s=min_billed_s) for s in starts]
     except PlanTooLarge as exc:
         raise SpecError(str(exc)) from None
 
@@ -65,11 +65,13 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float]) 
 @click.option("--checkpoint-seconds", type=NON_NEGATIVE, default=None, help="Measured checkpoint save time.")
 @click.option("--restore-seconds", type=NON_NEGATIVE, default=None, help="Measured restart + restore time.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--min-billed-seconds", type=NON_NEGATIVE, default=0.0, show_default=True,
+              help="The least the cloud bills a launch (EC2: 60); the controller's budget check counts it.")
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per run).")
 def command(trace_path: str | None, job_path: str | None, workload_path: str | None, deadline_factor: float, policy: str, start_hours: float, starts: int | None,
             restart_overhead_hours: float | None, checkpoint_seconds: float | None, restore_seconds: float | None,
-            seed: int, overrides: tuple[str, ...], as_json: bool) -> None:
+            seed: int, min_billed_seconds: float, overrides: tuple[str, ...], as_json: bool) -> None:
     """Replay a market trace with a policy in virtual time and report cost, finish time, deadline and preemptions."""
     if (job_path is None) == (workload_path is None):
         raise click.UsageError("give exactly one of --job SPEC and --workload CSV")
@@ -90,7 +92,7 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
                        restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
                        checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
     times = random_starts(trace, job, starts, seed) if starts else [start_hours * 3600.0]
-    for r in run_many(trace, job, policy, times):
+    for r in run_many(trace, job, policy, times, min_billed_s=min_billed_seconds):
         if as_json:
             click.echo(json.dumps(r.to_json(), sort_keys=True))
         else:

@@ -65,3 +65,17 @@ def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[s
         return None
     return (f"budget: launching {len(missing)} instance(s) bills at least ${launches:.2f} "
             f"({floor_s:.0f} s each at least), ${max(budget - job.cost_usd - running, 0.0):.2f} of ${budget:.2f} left")
+
+
+def guard_due_s(ctx: Context, s: Session, job: Job) -> float | None:
+    """Provider-clock time at which the guard would stop ``job`` at its current burn rate (None: no
+    budget, or nothing burning). A loop that does not tick on a fixed interval (the simulator's)
+    must tick by then, or the guard's horizon would not hold."""
+    budget = ctx.spec(job).objective.budget_usd
+    if budget is None or not ctx.last_prices:
+        return None
+    rate = accounting.burn_rate_usd_per_hour(ctx.store.instances(s, job.job_id, alive_only=True), ctx.last_prices)
+    if rate <= 0:
+        return None
+    left_s = (budget - job.cost_usd) / rate * 3600.0 - guard_horizon_s(ctx)
+    return ctx.provider.now_s() + max(0.0, left_s)

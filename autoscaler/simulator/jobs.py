@@ -57,11 +57,11 @@ def named_policy(sim: Simulation, job: SimJob, policy: str, start_s: float) -> P
     return get_policy(policy)
 
 
-def run_controller(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:
+def run_controller(sim: Simulation, job: SimJob, policy: str, start_s: float, *, min_billed_s: float = 0.0) -> SimResult:
     """One of ``POLICIES`` from ``start_s`` through the controller on a virtual clock: what
     ``spotrain simulate`` and ``estimate`` report."""
     return run_job(sim.trace, job, named_policy(sim, job, policy, start_s), start_s, grid_s=sim.grid_s,
-                   watch_keys=sim.keys, market_watch=sim.watch)
+                   watch_keys=sim.keys, market_watch=sim.watch, min_billed_s=min_billed_s)
 
 
 def run_named(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:

@@ -26,6 +26,7 @@ from cloud_providers.local.provider import LocalProvider
 from cost_models.scaling import Scaling
 
 from ..controller import Controller, Timings
+from ..controller.budget import guard_due_s
 from ..domain import JobState
 from ..policy import Policy
 from ..spec import JobSpec
@@ -154,6 +155,14 @@ class World:
         if wake is not None and wake > now + 1e-9:
             cands.append(wake)
         cands.extend(t for t in submits if t > now + 1e-9)
+        with self.store.session() as s:
+            for job_id in self._live:
+                job = s.get(Job, job_id)
+                due = None if job is None else guard_due_s(self.controller.ctx, s, job)
+                if due is not None:
+                    # The guard must see the spend before it could cross the budget (the service
+                    # ticks every few seconds; this loop only when something happens).
+                    cands.append(max(due, now + 1.0))
         return min(c for c in cands if c > now + 1e-9)
 
     def _note_finished(self) -> None:

@@ -3,6 +3,7 @@
 ```yaml
 market: PATH            # optional market trace; default: the bundled one
 time_scale: 60          # optional: market seconds per real second
+min_billed: 60s         # optional: the least the cloud bills a launch (EC2: 60 s)
 events:                 # each at a real time since the job started, or at a training step
   - {at: 10s, spot_capacity: 2}   # from then on the job may hold at most 2 spot workers
   - {at_step: 55, preempt: 1}     # preempt 1 spot worker, with the cloud's notice
@@ -39,6 +40,8 @@ class Scenario:
     market: Path | None = None
     time_scale: float | None = None
     events: tuple[ScenarioEvent, ...] = ()
+    # The least the cloud bills a launch, in market seconds (EC2: 60 s); 0: none.
+    min_billed_s: float = 0.0
 
 
 def _seconds(v: Any, where: str) -> float:
@@ -57,7 +60,7 @@ def parse_scenario(text: str, *, base_dir: Path, source: str = "scenario") -> Sc
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError(f"scenario error: {source}: must be a mapping")
-    unknown = set(data) - {"market", "time_scale", "events"}
+    unknown = set(data) - {"market", "time_scale", "events", "min_billed"}
     if unknown:
         raise ScenarioError(f"scenario error: {sorted(unknown)[0]}: unknown field")
     market = None
@@ -98,7 +101,8 @@ def parse_scenario(text: str, *, base_dir: Path, source: str = "scenario") -> Sc
         if pre is not None and (isinstance(pre, bool) or not isinstance(pre, int) or pre < 1):
             raise ScenarioError(f"scenario error: {where}.preempt: must be a positive integer")
         events.append(ScenarioEvent(i, at, at_step, cap, pre))
-    return Scenario(market, ts, tuple(events))
+    min_billed = _seconds(data["min_billed"], "min_billed") if data.get("min_billed") is not None else 0.0
+    return Scenario(market, ts, tuple(events), min_billed)
 
 
 def load_scenario(path: str | Path) -> Scenario:
