@@ -8,13 +8,13 @@ stateless: the state machine's state is read back from what the job holds.
 - ``on-demand``: the cheapest on-demand gang, always.
 - ``greedy-spot``: SkyPilot managed jobs (``sky jobs launch --use-spot``, the FAILOVER recovery
   strategy): run on the cheapest spot offering with room, relaunch in the next one when preempted,
-  wait while none has room; plus Can't Be Late's greedy Safety Net: when idle and ``R(t) < C(t) + 2d``,
+  wait while none has room; plus Can't Be Late's greedy Safety Net: when idle and ``R(t) <= C(t) + 2d``,
   switch to on-demand and stay there until the end.
 - ``uniform-progress``: Can't Be Late, section 5.2, rules as published:
   1. Uniform Progress: when idle and cp(t) < ep(t), switch to on-demand and stay to catch up;
   2. Taking Risks: switch to spot whenever available; stay on it until preempted (Exploitation);
   3. Hysteresis: when on on-demand, stay on it until cp(t) >= ep(t + 2d);
-  4. Safety Net: when idle and R(t) < C(t) + 2d, switch to on-demand and stay until the end,
+  4. Safety Net: when idle and R(t) <= C(t) + 2d, switch to on-demand and stay until the end,
   with ep(t) = C(0) * (t - t0) / (deadline - t0) the expected progress and cp(t) the progress made.
   With several spot offerings, "spot available" means any of them has room for the gang.
 
@@ -99,21 +99,28 @@ class _DeadlineBaseline(_GangBaseline):
         C = rem / od.rate if od is not None and od.rate > 0 else float("inf")
         return R, C, d, rem
 
+    def _trip_at(self, job: JobView, inp: PolicyInput, od: Config) -> float:
+        """When the Safety Net trips: R(t) = C(t) + 2d + lag, i.e. t = deadline - C - 2d - lag."""
+        assert job.deadline_s is not None
+        _, C, d, _ = self._deadline_terms(job, inp, od)
+        return job.deadline_s - C - (2.0 * d + inp.decision_interval_s)
+
     def _safety_net(self, job: JobView, inp: PolicyInput, od: Config | None) -> tuple[bool, float | None]:
-        """(trip now?, when it will trip if the job stays idle)."""
+        """(trip now?, when it will trip if the job stays idle). It trips at R <= C + margin, equality
+        included: a net that waits at equality leaves the job less than the fallback needs at the
+        next decision (issue 10). Trip and wake-up are read from the same number, so a wake-up at
+        ``trip_at`` always trips, and one that does not trip is strictly later than now."""
         if job.deadline_s is None or od is None:
             return False, None
-        R, C, d, _ = self._deadline_terms(job, inp, od)
-        margin = 2.0 * d + inp.decision_interval_s
-        trip_at = job.deadline_s - C - margin
-        return R < C + margin, trip_at
+        trip_at = self._trip_at(job, inp, od)
+        return trip_at <= inp.now_s, trip_at
 
     def _on_demand_locked(self, job: JobView, inp: PolicyInput, od: Config | None, cur: Config | None) -> bool:
-        """Safety Net's 'stay until the end': once on on-demand with the net tripped, stay."""
+        """Safety Net's 'stay until the end': once on on-demand with the net tripped (equality
+        included), stay."""
         if cur is None or cur.market != ON_DEMAND or job.deadline_s is None or od is None:
             return False
-        R, C, d, _ = self._deadline_terms(job, inp, od)
-        return R < C + 2.0 * d + inp.decision_interval_s
+        return self._trip_at(job, inp, od) <= inp.now_s
 
 
 class GreedySpotPolicy(_DeadlineBaseline):
