@@ -122,111 +122,160 @@ def _configs(sim: Simulation, job: SimJob, view: JobView) -> list[_Cfg]:
     return [c for c in out if c not in dominated]
 
 
-def plan_omniscient(sim: Simulation, job: SimJob, start_s: float, *, horizon_s: float | None = None) -> Plan:
-    """The least-cost plan for ``job`` from ``start_s`` (grid-aligned) to its deadline."""
-    start = sim.align(start_s)
+@dataclasses.dataclass(frozen=True)
+class _Dp:
+    """The dynamic programme's dimensions: ticks, modes (idle, or a configuration and its sub-state
+    0..n_sub, n_sub meaning steady) and work units, and per configuration and sub-state the progress
+    units made in a tick (``prog``) and the overhead seconds spent in it (``busy``)."""
+
+    start: float
+    grid: float
+    cfgs: list[_Cfg]
+    n_ticks: int
+    unit: float
+    w_goal: float
+    n_w: int
+    n_sub: int
+    prog: np.ndarray
+    busy: np.ndarray
+
+    @property
+    def n_modes(self) -> int:
+        return 1 + len(self.cfgs) * (self.n_sub + 1)
+
+    def mode(self, i: int, s: int) -> int:
+        return 1 + i * (self.n_sub + 1) + s
+
+
+# The best way found to finish: (tick, config, source sub-state or -1 for a start, work units before).
+_Finish = tuple[int, int, int, int]
+
+
+def _horizon(sim: Simulation, job: SimJob, cfgs: list[_Cfg], start: float, horizon_s: float | None) -> float:
+    if job.spec.objective.deadline_s is not None:
+        return job.spec.objective.deadline_s
+    slowest_od = min((c.rate for c in cfgs if c.market == ON_DEMAND), default=min(c.rate for c in cfgs))
+    return horizon_s or max(sim.trace.duration_s - start, 0.0) + job.work / slowest_od + 2 * job.restart_overhead_s
+
+
+def _dp(sim: Simulation, job: SimJob, cfgs: list[_Cfg], start: float, horizon: float) -> _Dp:
+    """Size the programme and tabulate each tick's progress; ``PlanTooLarge`` past ``MAX_DP_CELLS``."""
     grid = sim.grid_s
-    spec = job.spec
-    view = JobView(job_id=job.job_id, spec=spec, submitted_s=start, progress=0.0)
-    cfgs = _configs(sim, job, view)
-    if not cfgs:
-        return Plan(start, grid, (), 0.0, False)
-    if spec.objective.deadline_s is not None:
-        horizon = spec.objective.deadline_s
-    else:
-        slowest_od = min((c.rate for c in cfgs if c.market == ON_DEMAND), default=min(c.rate for c in cfgs))
-        horizon = horizon_s or max(sim.trace.duration_s - start, 0.0) + job.work / slowest_od + 2 * job.restart_overhead_s
     n_ticks = int(math.floor(horizon / grid + 1e-9))
     unit = max(c.rate for c in cfgs) * UNIT_S
     w_goal = job.work / unit
     n_w = int(math.ceil(w_goal - 1e-9))
     d = job.restart_overhead_s
     n_sub = int(math.ceil(d / grid)) if d > 0 else 0  # ticks still (partly) in overhead after a start
-
-    # Per config, per sub-state s (0..n_sub): progress units in a tick; s == n_sub means steady.
     prog = np.zeros((len(cfgs), n_sub + 1), dtype=np.int64)
-    busy = np.zeros((len(cfgs), n_sub + 1))  # overhead seconds spent in that tick
+    busy = np.zeros((len(cfgs), n_sub + 1))
     for i, c in enumerate(cfgs):
         for s in range(n_sub + 1):
             left = max(0.0, d - s * grid)
             busy[i, s] = min(grid, left)
             prog[i, s] = int(math.floor(c.rate * max(0.0, grid - left) / unit + 1e-9))
-    n_modes = 1 + len(cfgs) * (n_sub + 1)
-    size = n_ticks * n_modes * max(n_w, 1)
+    dp = _Dp(start, grid, cfgs, n_ticks, unit, w_goal, n_w, n_sub, prog, busy)
+    size = n_ticks * dp.n_modes * max(n_w, 1)
     if size > MAX_DP_CELLS:
-        raise PlanTooLarge(f"omniscient: {n_ticks} ticks x {n_modes} modes x {n_w} work units is too large to plan "
+        raise PlanTooLarge(f"omniscient: {n_ticks} ticks x {dp.n_modes} modes x {n_w} work units is too large to plan "
                          f"(at most {MAX_DP_CELLS:.0e}); shorten the deadline or the work")
+    return dp
 
-    def mode(i: int, s: int) -> int:
-        return 1 + i * (n_sub + 1) + s
 
-    inf = np.inf
-    cost = np.full((n_modes, n_w), inf)
-    cost[0, 0] = 0.0
-    # Back-pointers per tick: argmin mode of the "any state" minimum, and per (mode, w) how it was
-    # reached: -1 by a start, otherwise the sub-state it continued from.
-    arg_any: list[np.ndarray] = []
-    src_code: list[np.ndarray] = []
-    best_fin = inf
-    fin: tuple[int, int, int, int] | None = None  # (tick, config, source sub-state or -1, w)
+def _spot_room(sim: Simulation, t: float, offers: dict[str, Offering]) -> dict[str, int]:
+    """Spot room per offering that lasts the whole tick from ``t``: a trace may change between grid points."""
+    inside = sim.change_times[bisect.bisect_right(sim.change_times, t): bisect.bisect_left(sim.change_times, t + sim.grid_s)]
+    if not inside:
+        return {key: o.spot_available or 0 for key, o in offers.items()}
+    return {key: min([o.spot_available or 0] + [sim.trace.offering_at(key, x).spot_available or 0 for x in inside])
+            for key, o in offers.items()}
+
+
+def _tick(dp: _Dp, sim: Simulation, k: int, cost: np.ndarray, best: tuple[float, _Finish | None]
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, _Finish | None]]:
+    """One step of the programme: the costs at the end of tick ``k`` from those at its start, with
+    the back-pointers (argmin mode of the "any state" minimum, and per (mode, w) how it was reached:
+    -1 by a start, otherwise the sub-state it continued from) and the best finish so far."""
+    best_fin, fin = best
+    n_w, grid = dp.n_w, dp.grid
     ws = np.arange(n_w)
-    for k in range(n_ticks):
-        t = start + k * grid
-        offers = {o.key: o for o in sim.offerings_at(t)}
-        # Room must last the whole tick: a trace may change between grid points.
-        inside = sim.change_times[bisect.bisect_right(sim.change_times, t): bisect.bisect_left(sim.change_times, t + grid)]
-        room = {key: min([o.spot_available or 0] + [sim.trace.offering_at(key, x).spot_available or 0 for x in inside])
-                for key, o in offers.items()} if inside else {key: o.spot_available or 0 for key, o in offers.items()}
-        am = np.argmin(cost, axis=0)
-        m_any = cost[am, ws]
-        new = np.full((n_modes, n_w), inf)
-        code = np.zeros((n_modes, n_w), dtype=np.int8)
-        new[0] = m_any
-        for i, c in enumerate(cfgs):
-            o = offers[c.key]
-            if c.market == SPOT and (o.spot_price_usd_per_hour is None or room[c.key] < c.instances):
-                continue
-            price_s = o.price_usd_per_hour(c.market) * c.instances / 3600.0
-            moves = [(-1, m_any, 0)] + [(s_src, cost[mode(i, s_src)], s_src) for s_src in range(min(1, n_sub), n_sub + 1)]
-            for tag, src, s_src in moves:
-                g = int(prog[i, s_src])
-                dst = mode(i, min(s_src + 1, n_sub))
-                if g < n_w:
-                    cand = src[: n_w - g] + price_s * grid
-                    cur = new[dst, g:]
-                    better = cand < cur
-                    if better.any():
-                        cur[better] = cand[better]
-                        code[dst, g:][better] = tag
-                # Finishing inside this tick: w + g >= goal, billed until the finish.
-                lo = max(0, n_w - g) if g > 0 else n_w
-                if lo < n_w:
-                    w_fin = ws[lo:]
-                    need_s = (w_goal - w_fin) * unit / c.rate
-                    fc = src[lo:] + price_s * (busy[i, s_src] + need_s)
-                    j = int(np.argmin(fc))
-                    if fc[j] < best_fin - 1e-12:
-                        best_fin, fin = float(fc[j]), (k, i, tag, int(w_fin[j]))
-        arg_any.append(am)
-        src_code.append(code)
-        cost = new
-    if fin is None:
-        return Plan(start, grid, (), inf, False)
+    t = dp.start + k * grid
+    offers = {o.key: o for o in sim.offerings_at(t)}
+    room = _spot_room(sim, t, offers)
+    am = np.argmin(cost, axis=0)
+    m_any = cost[am, ws]
+    new = np.full((dp.n_modes, n_w), np.inf)
+    code = np.zeros((dp.n_modes, n_w), dtype=np.int8)
+    new[0] = m_any
+    for i, c in enumerate(dp.cfgs):
+        o = offers[c.key]
+        if c.market == SPOT and (o.spot_price_usd_per_hour is None or room[c.key] < c.instances):
+            continue
+        price_s = o.price_usd_per_hour(c.market) * c.instances / 3600.0
+        moves = [(-1, m_any, 0)] + [(s_src, cost[dp.mode(i, s_src)], s_src) for s_src in range(min(1, dp.n_sub), dp.n_sub + 1)]
+        for tag, src, s_src in moves:
+            g = int(dp.prog[i, s_src])
+            dst = dp.mode(i, min(s_src + 1, dp.n_sub))
+            if g < n_w:
+                cand = src[: n_w - g] + price_s * grid
+                cur = new[dst, g:]
+                better = cand < cur
+                if better.any():
+                    cur[better] = cand[better]
+                    code[dst, g:][better] = tag
+            # Finishing inside this tick: w + g >= goal, billed until the finish.
+            lo = max(0, n_w - g) if g > 0 else n_w
+            if lo < n_w:
+                w_fin = ws[lo:]
+                need_s = (dp.w_goal - w_fin) * dp.unit / c.rate
+                fc = src[lo:] + price_s * (dp.busy[i, s_src] + need_s)
+                j = int(np.argmin(fc))
+                if fc[j] < best_fin - 1e-12:
+                    best_fin, fin = float(fc[j]), (k, i, tag, int(w_fin[j]))
+    return new, code, am, (best_fin, fin)
+
+
+def _backtrack(dp: _Dp, fin: _Finish, arg_any: list[np.ndarray], src_code: list[np.ndarray]) -> list[Placement | None]:
+    """What to hold in each tick up to the finishing one, walking the back-pointers from the finish."""
     k_fin, i_fin, tag, w = fin
     ticks: list[Placement | None] = [None] * (k_fin + 1)
-    c = cfgs[i_fin]
+    c = dp.cfgs[i_fin]
     ticks[k_fin] = Placement(c.key, c.market, c.instances)
-    m = int(arg_any[k_fin][w]) if tag == -1 else mode(i_fin, tag)
+    m = int(arg_any[k_fin][w]) if tag == -1 else dp.mode(i_fin, tag)
     for k in range(k_fin - 1, -1, -1):
         # (m, w): the state at the end of tick k. Walk back to the state before it.
         if m == 0:
             m = int(arg_any[k][w])
             continue
-        i, _ = divmod(m - 1, n_sub + 1)
-        c = cfgs[i]
+        i, _ = divmod(m - 1, dp.n_sub + 1)
+        c = dp.cfgs[i]
         ticks[k] = Placement(c.key, c.market, c.instances)
         tag = int(src_code[k][m, w])
         s_src = 0 if tag == -1 else tag
-        w -= int(prog[i, s_src])
-        m = int(arg_any[k][w]) if tag == -1 else mode(i, s_src)
-    return Plan(start, grid, tuple(ticks), best_fin, True)
+        w -= int(dp.prog[i, s_src])
+        m = int(arg_any[k][w]) if tag == -1 else dp.mode(i, s_src)
+    return ticks
+
+
+def plan_omniscient(sim: Simulation, job: SimJob, start_s: float, *, horizon_s: float | None = None) -> Plan:
+    """The least-cost plan for ``job`` from ``start_s`` (grid-aligned) to its deadline."""
+    start = sim.align(start_s)
+    grid = sim.grid_s
+    view = JobView(job_id=job.job_id, spec=job.spec, submitted_s=start, progress=0.0)
+    cfgs = _configs(sim, job, view)
+    if not cfgs:
+        return Plan(start, grid, (), 0.0, False)
+    dp = _dp(sim, job, cfgs, start, _horizon(sim, job, cfgs, start, horizon_s))
+    cost = np.full((dp.n_modes, dp.n_w), np.inf)
+    cost[0, 0] = 0.0
+    arg_any: list[np.ndarray] = []
+    src_code: list[np.ndarray] = []
+    best: tuple[float, _Finish | None] = (np.inf, None)
+    for k in range(dp.n_ticks):
+        cost, code, am, best = _tick(dp, sim, k, cost, best)
+        arg_any.append(am)
+        src_code.append(code)
+    best_fin, fin = best
+    if fin is None:
+        return Plan(start, grid, (), np.inf, False)
+    return Plan(start, grid, tuple(_backtrack(dp, fin, arg_any, src_code)), best_fin, True)
