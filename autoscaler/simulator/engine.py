@@ -203,7 +203,7 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
             broken = True
         wake = t + MAX_DECISION_GAP_S
         if alloc.next_decision_s is not None:
-            wake = min(wake, sim.align(max(alloc.next_decision_s, t + sim.grid_s)))
+            wake = min(wake, max(alloc.next_decision_s, math.nextafter(t, math.inf)))
         if broken and holdings:
             overhead_left = job.restart_overhead_s
             run_since_ckpt = 0.0
