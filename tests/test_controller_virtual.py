@@ -613,11 +613,9 @@ def test_refused_capacity_is_avoided(service_pace: None, policy: str) -> None:
     assert_history_legal(w, j)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "World bug: after a refused launch nothing wakes the controller before MAX_DECISION_GAP_S "
-    "(1800 s), past the policy's 600 s capacity back-off, so it asks the refusing offering again "
-    "every 1800 s and the job never runs although 1b has room. Remove this marker once fixed."))
 def test_world_default_pace_backs_off_refused_capacity() -> None:
+    """After a refused launch the simulator's loop decides again at the next tick, as the service
+    does, so the job fails over to the zone with room instead of retrying the refusing one."""
     w = make_world(TWO_ZONES)
     _occupy(w, AWS_A)
     j = w.submit(spec(), workload())

@@ -155,6 +155,10 @@ class World:
         if wake is not None and wake > now + 1e-9:
             cands.append(wake)
         cands.extend(t for t in submits if t > now + 1e-9)
+        if any(t >= now - 1e-9 for f in self.controller.ctx.capacity_failures.values() for t in f.values()):
+            # A launch was refused just now: the service would decide again at its next tick (and
+            # fail over), not wait for the market to change.
+            cands.append(now + self.controller.ctx.tick_s)
         with self.store.session() as s:
             for job_id in self._live:
                 job = s.get(Job, job_id)
