@@ -28,7 +28,7 @@ from typing import Any
 from cloud_providers.base import SPOT, Offering
 from cloud_providers.local.market import MarketTrace
 
-from ..policy.base import Held, JobView, Policy, PolicyInput, eligible_offerings
+from ..policy.base import Allocation, Held, JobView, Policy, PolicyInput, eligible_offerings
 from ..policy.jobmath import gang_rate
 from ..spec import JobSpec
 from .market_watch import MarketWatch
@@ -124,137 +124,158 @@ def simulate(trace: MarketTrace, job: SimJob, policy: Policy, start_s: float = 0
     return Simulation(trace, job.spec, grid_s=grid_s).run(job, policy, start_s)
 
 
-def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: float) -> SimResult:
-    spec = job.spec
-    work = job.work
-    deadline = None if spec.objective.deadline_s is None else start + spec.objective.deadline_s
-    budget = spec.objective.budget_usd
-    holdings: dict[tuple[str, str], int] = {}
-    progress = 0.0
-    overhead_left = 0.0
-    run_since_ckpt = 0.0
-    cost = od_equiv = 0.0
-    spot_h = od_h = 0.0
-    preemptions = restarts = 0
-    failures: dict[str, float] = {}
-    t = start
-    wake = start
-    end = start + max_s
-    state, reason = "RUNNING", ""
-    finish: float | None = None
-    while True:
-        offers = {o.key: o for o in sim.offerings_at(t)}
-        # 1. The market: preempt spot surplus (the notice was given; checkpoint if it is long enough).
-        broken = False
-        short_notice = False
-        # The gang's rate before this event: the work since the last checkpoint was made at it.
-        rate_before = gang_rate(job.scaling, ((offers[kk], nn) for (kk, _), nn in holdings.items())) if holdings else 0.0
-        for (k, m), n in list(holdings.items()):
-            if m != SPOT:
-                continue
-            room = offers[k].spot_available or 0
-            if n > room:
-                lost = n - room
-                preemptions += lost
-                broken = True
-                if room:
-                    holdings[(k, m)] = room
-                else:
-                    del holdings[(k, m)]
-                if offers[k].notice_seconds < job.checkpoint_save_s and job.checkpoint_save_s > 0:
-                    short_notice = True
-        if short_notice:
-            # A notice shorter than the checkpoint's save time: the gang restarts from the last
-            # periodic checkpoint, losing what it did since (once per event, for the whole gang).
-            progress = max(0.0, progress - rate_before * (run_since_ckpt % spec.checkpoint.interval_s))
-        # 2. The policy (every loop iteration is an event: a market change, a wake-up or the start).
-        view = JobView(
-            job_id=job.job_id,
-            spec=spec,
-            submitted_s=start,
-            progress=min(1.0, progress / work),
-            held=tuple(Held(k, m, n, offers[k].gpus) for (k, m), n in sorted(holdings.items()) if n > 0),
-            cost_so_far_usd=cost,
-            restart_overhead_s=job.restart_overhead_s,
-            recent_capacity_failures=dict(failures),
-            scaling=job.scaling,
-            since_checkpoint_s=run_since_ckpt % spec.checkpoint.interval_s,
-            restarting=broken,
-        )
-        inp = PolicyInput(now_s=t, jobs=(view,), offerings=tuple(offers.values()), history=sim.watch.history_at(t), decision_interval_s=sim.grid_s)
-        alloc = policy.decide(inp)[0]
-        if alloc.outcome is not None:
-            state, reason = alloc.outcome.state.value, alloc.reason
-            break
-        target: dict[tuple[str, str], int] = {}
-        for p in alloc.placements:
-            if p.instances <= 0 or p.offering_key not in offers:
-                continue
-            n = p.instances
-            if p.market == SPOT:
-                room = (offers[p.offering_key].spot_available or 0)
-                if n > room:
-                    failures[p.offering_key + "|" + SPOT] = t
-                    n = room
-            if n > 0:
-                target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
-        if target != holdings:
-            holdings = target
-            broken = True
-        wake = t + MAX_DECISION_GAP_S
-        if alloc.next_decision_s is not None:
-            wake = min(wake, max(alloc.next_decision_s, math.nextafter(t, math.inf)))
-        if broken and holdings:
-            overhead_left = job.restart_overhead_s
-            run_since_ckpt = 0.0
-            restarts += 1
-        # 3. Advance to the next event.
-        parts = [(offers[k], n) for (k, _), n in holdings.items()]
-        rate = gang_rate(job.scaling, parts)
-        price_s = sum(offers[k].price_usd_per_hour(m) * n for (k, m), n in holdings.items()) / 3600.0
-        od_price_s = sum(offers[k].on_demand_price_usd_per_hour * n for (k, m), n in holdings.items()) / 3600.0
-        spot_n = sum(n for (k, m), n in holdings.items() if m == SPOT)
-        od_n = sum(n for (k, m), n in holdings.items() if m != SPOT)
-        t_next = min(sim.next_change(t), wake, end)
-        if t_next == math.inf:
-            t_next = end
-        dt = t_next - t
-        done_in = overhead_left + (work - progress) / rate if rate > 0 else math.inf
-        if done_in <= dt:
-            dt = done_in
-        if budget is not None and price_s > 0 and cost + price_s * dt > budget + 1e-9:
-            dt = max(0.0, (budget - cost) / price_s)
-            state, reason = "FAILED_BUDGET", "hard budget reached by the bill (the policy should have stopped earlier)"
-        cost += price_s * dt
-        od_equiv += od_price_s * dt
-        spot_h += spot_n * dt / 3600.0
-        od_h += od_n * dt / 3600.0
-        useful = max(0.0, dt - overhead_left)
-        progress += rate * useful
-        run_since_ckpt += useful
-        overhead_left = max(0.0, overhead_left - dt)
-        t += dt
-        if state == "FAILED_BUDGET":
-            break
-        if rate > 0 and progress >= work - 1e-6:
-            finish, state, reason = t, "SUCCEEDED", "work done"
-            break
-        if t >= end:
-            state, reason = "UNFINISHED", "simulation horizon reached"
-            break
-    met = finish is not None and (deadline is None or finish <= deadline + 1e-6)
-    return SimResult(
-        policy=getattr(policy, "name", type(policy).__name__),
-        start_hours=start / 3600.0,
-        cost_usd=cost,
-        finish_hours=None if finish is None else (finish - start) / 3600.0,
-        deadline_met=met,
-        preemptions=preemptions,
-        spot_hours=spot_h,
-        on_demand_hours=od_h,
-        restarts=restarts,
-        state=state,
-        reason=reason,
-        on_demand_cost_usd=od_equiv,
-    )
+@dataclasses.dataclass
+class _Run:
+    """One run's state between events (the fast path's stand-in for the controller's database)."""
 
+    t: float
+    holdings: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    progress: float = 0.0
+    overhead_left: float = 0.0
+    run_since_ckpt: float = 0.0
+    cost: float = 0.0
+    od_equiv: float = 0.0
+    spot_h: float = 0.0
+    od_h: float = 0.0
+    preemptions: int = 0
+    restarts: int = 0
+    failures: dict[str, float] = dataclasses.field(default_factory=dict)
+    state: str = "RUNNING"
+    reason: str = ""
+    finish: float | None = None
+
+
+def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
+    """The market: preempt spot surplus (the notice was given; checkpoint if it is long enough).
+    Returns whether the gang broke."""
+    broken = short_notice = False
+    # The gang's rate before this event: the work since the last checkpoint was made at it.
+    rate_before = gang_rate(job.scaling, ((offers[kk], nn) for (kk, _), nn in r.holdings.items())) if r.holdings else 0.0
+    for (k, m), n in list(r.holdings.items()):
+        if m != SPOT:
+            continue
+        room = offers[k].spot_available or 0
+        if n > room:
+            r.preemptions += n - room
+            broken = True
+            if room:
+                r.holdings[(k, m)] = room
+            else:
+                del r.holdings[(k, m)]
+            if offers[k].notice_seconds < job.checkpoint_save_s and job.checkpoint_save_s > 0:
+                short_notice = True
+    if short_notice:
+        # A notice shorter than the checkpoint's save time: the gang restarts from the last
+        # periodic checkpoint, losing what it did since (once per event, for the whole gang).
+        r.progress = max(0.0, r.progress - rate_before * (r.run_since_ckpt % job.spec.checkpoint.interval_s))
+    return broken
+
+
+def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[str, Offering], start: float,
+            broken: bool) -> Allocation:
+    view = JobView(
+        job_id=job.job_id,
+        spec=job.spec,
+        submitted_s=start,
+        progress=min(1.0, r.progress / job.work),
+        held=tuple(Held(k, m, n, offers[k].gpus) for (k, m), n in sorted(r.holdings.items()) if n > 0),
+        cost_so_far_usd=r.cost,
+        restart_overhead_s=job.restart_overhead_s,
+        recent_capacity_failures=dict(r.failures),
+        scaling=job.scaling,
+        since_checkpoint_s=r.run_since_ckpt % job.spec.checkpoint.interval_s,
+        restarting=broken,
+    )
+    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=tuple(offers.values()), history=sim.watch.history_at(r.t),
+                      decision_interval_s=sim.grid_s)
+    return policy.decide(inp)[0]
+
+
+def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tuple[str, str], int]:
+    """What the allocation holds once the cloud has refused spot beyond its room."""
+    target: dict[tuple[str, str], int] = {}
+    for p in alloc.placements:
+        if p.instances <= 0 or p.offering_key not in offers:
+            continue
+        n = p.instances
+        if p.market == SPOT:
+            room = (offers[p.offering_key].spot_available or 0)
+            if n > room:
+                r.failures[p.offering_key + "|" + SPOT] = r.t
+                n = room
+        if n > 0:
+            target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
+    return target
+
+
+def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering], wake: float, end: float) -> bool:
+    """Bill and progress to the next event; True when the run has ended."""
+    h = r.holdings
+    rate = gang_rate(job.scaling, [(offers[k], n) for (k, _), n in h.items()])
+    price_s = sum(offers[k].price_usd_per_hour(m) * n for (k, m), n in h.items()) / 3600.0
+    od_price_s = sum(offers[k].on_demand_price_usd_per_hour * n for (k, m), n in h.items()) / 3600.0
+    spot_n = sum(n for (k, m), n in h.items() if m == SPOT)
+    od_n = sum(n for (k, m), n in h.items() if m != SPOT)
+    t_next = min(sim.next_change(r.t), wake, end)
+    if t_next == math.inf:
+        t_next = end
+    dt = t_next - r.t
+    done_in = r.overhead_left + (job.work - r.progress) / rate if rate > 0 else math.inf
+    if done_in <= dt:
+        dt = done_in
+    budget = job.spec.objective.budget_usd
+    if budget is not None and price_s > 0 and r.cost + price_s * dt > budget + 1e-9:
+        dt = max(0.0, (budget - r.cost) / price_s)
+        r.state, r.reason = "FAILED_BUDGET", "hard budget reached by the bill (the policy should have stopped earlier)"
+    r.cost += price_s * dt
+    r.od_equiv += od_price_s * dt
+    r.spot_h += spot_n * dt / 3600.0
+    r.od_h += od_n * dt / 3600.0
+    useful = max(0.0, dt - r.overhead_left)
+    r.progress += rate * useful
+    r.run_since_ckpt += useful
+    r.overhead_left = max(0.0, r.overhead_left - dt)
+    r.t += dt
+    if r.state == "FAILED_BUDGET":
+        return True
+    if rate > 0 and r.progress >= job.work - 1e-6:
+        r.finish, r.state, r.reason = r.t, "SUCCEEDED", "work done"
+        return True
+    if r.t >= end:
+        r.state, r.reason = "UNFINISHED", "simulation horizon reached"
+        return True
+    return False
+
+
+def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: float) -> SimResult:
+    r = _Run(t=start)
+    end = start + max_s
+    while True:
+        offers = {o.key: o for o in sim.offerings_at(r.t)}
+        broken = _preempt(job, r, offers)
+        # The policy (every loop iteration is an event: a market change, a wake-up or the start).
+        alloc = _decide(sim, job, policy, r, offers, start, broken)
+        if alloc.outcome is not None:
+            r.state, r.reason = alloc.outcome.state.value, alloc.reason
+            break
+        target = _target(alloc, r, offers)
+        if target != r.holdings:
+            r.holdings = target
+            broken = True
+        wake = r.t + MAX_DECISION_GAP_S
+        if alloc.next_decision_s is not None:
+            wake = min(wake, max(alloc.next_decision_s, math.nextafter(r.t, math.inf)))
+        if broken and r.holdings:
+            r.overhead_left = job.restart_overhead_s
+            r.run_since_ckpt = 0.0
+            r.restarts += 1
+        if _advance(sim, job, r, offers, wake, end):
+            break
+    deadline = None if job.spec.objective.deadline_s is None else start + job.spec.objective.deadline_s
+    met = r.finish is not None and (deadline is None or r.finish <= deadline + 1e-6)
+    return SimResult(
+        policy=getattr(policy, "name", type(policy).__name__), start_hours=start / 3600.0, cost_usd=r.cost,
+        finish_hours=None if r.finish is None else (r.finish - start) / 3600.0, deadline_met=met,
+        preemptions=r.preemptions, spot_hours=r.spot_h, on_demand_hours=r.od_h, restarts=r.restarts,
+        state=r.state, reason=r.reason, on_demand_cost_usd=r.od_equiv,
+    )
