@@ -23,7 +23,7 @@ from autoscaler.controller import Controller
 from autoscaler.domain import LIVE, TERMINAL, TRANSITIONS, IllegalTransition, JobState, check_transition
 from autoscaler.policy import CheapestPolicy, get_policy
 from autoscaler.simulator import world as world_module
-from autoscaler.simulator.executor import SimWorkload
+from autoscaler.simulator.executor import STEPS_PER_S, SimWorkload
 from autoscaler.simulator.world import World
 from autoscaler.spec import JobSpec, spec_from_dict
 from autoscaler.state import Decision, Event, Job, Store
@@ -178,7 +178,7 @@ def test_calm_market_pending_running_succeeded() -> None:
     assert o.cost_usd == pytest.approx(SPOT_PRICE * (WORK_S + RESTART_S) / 3600.0)
     assert o.cost_usd == pytest.approx(provider_cost(w, j))
     job = job_row(w, j)
-    assert job.final_model and job.step == job.total_steps == int(WORK_S)
+    assert job.final_model and job.step == job.total_steps == int(WORK_S * STEPS_PER_S)
     assert job.finished_clock_s == WORK_S + RESTART_S
     # Nothing is left running on the cloud.
     assert all(not i.alive for i in w.provider.list_instances({}))

@@ -98,8 +98,11 @@ def test_run_and_simulate_make_the_same_allocations_and_agree_on_cost(spotrain_h
     job, stderr = run(spec, "--scenario", str(scenario), env={"PW_STEPS": str(steps), "PW_STEP_S": str(step_s)}, timeout=240)
     assert job["state"] == "SUCCEEDED", stderr[-3000:]
     real = launches(re.findall(r"launched\s+(i-[0-9a-f]+ on \S+ \((?:spot|on-demand)\))", run_cli("logs", job["job_id"]).stdout))
-    # The embedded controller ticks every 0.25 s of wall time: the simulated one decides as often.
-    sim, sim_cost, sim_preemptions = simulated_launches(spec, tick_s=0.25 * scale, restart_overhead_s=60.0)
+    # The embedded controller ticks every 0.25 s of wall time: the simulated one decides as often,
+    # with the restart overhead the real one measured (process start and restore on this machine).
+    d = job["restart_overhead_s"]
+    assert d is not None and 0 < d < 600, job
+    sim, sim_cost, sim_preemptions = simulated_launches(spec, tick_s=0.25 * scale, restart_overhead_s=d)
     assert real == sim == [("aws/us-east-1a/g4dn.xlarge/T4:1", "spot"), ("aws/us-east-1b/g4dn.xlarge/T4:1", "spot")]
     assert job["preemptions"] == sim_preemptions == 1
     assert abs(sim_cost - job["cost_usd"]) <= 0.05 * job["cost_usd"], (sim_cost, job["cost_usd"])

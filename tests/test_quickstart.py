@@ -60,7 +60,9 @@ def test_bitwise_identical_through_preemptions_and_resizes(spotrain_home: Path) 
     assert storm.returncode == 0, storm.stderr[-3000:]
     a, b = last_json(calm.stdout), last_json(storm.stdout)
     assert a["preemptions"] == 0 and b["preemptions"] >= 2
-    assert b["attempts"] >= 3
+    # At least one resume from a checkpoint on other workers (a gang under notice is replaced once,
+    # so two preemptions close together may cost a single restart).
+    assert b["attempts"] >= 2
     ta, tb = tensors(a["final_model"]), tensors(b["final_model"])
     assert sorted(ta) == sorted(tb)
     import torch

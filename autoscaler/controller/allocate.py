@@ -45,8 +45,10 @@ def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping
     keep, missing = match(job, alloc, usable)
     surplus = [r for r in usable if r not in keep]
     if job.gang_attempt:
+        ctx.releasing[job.job_id] = {r.instance_id for r in surplus}
         _change_running_gang(ctx, s, job, alloc, rows, keep, missing, surplus, by_key)
         return
+    ctx.releasing.pop(job.job_id, None)
     for r in surplus:
         release(ctx, s, job, r, "not in the allocation")
     if not alloc.placements:

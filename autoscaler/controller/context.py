@@ -83,6 +83,11 @@ class Context:
     last_prices: dict[str, tuple[float, float | None]] = dataclasses.field(default_factory=dict)
     ticks: int = 0
     last_tick_s: float = 0.0
+    # job_id -> (gang attempt, controller-clock time its training first moved)
+    moving_since: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    # job_id -> instances the last allocation left out, billing on only until the running gang has
+    # checkpointed and exited: no longer the job's in the policy's view.
+    releasing: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     # Provider-clock time by which the policy asked to be asked again (None: no request).
     next_wake_s: float | None = None
     _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
@@ -107,6 +112,7 @@ class Context:
 
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
-        for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs):
+        for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
+                  self.moving_since):
             d.pop(job_id, None)  # type: ignore[attr-defined]
 

@@ -164,11 +164,18 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
     """Take rank 0's report. Values that are not finite numbers in range are ignored, field by field
     (one job's bad report must never stop the loop for the others)."""
     step = _int_field(prog, "step")
+    if step is not None and step > job.step and job.gang_attempt:
+        seen = ctx.moving_since.get(job.job_id)
+        if seen is None or seen[0] != job.gang_attempt:
+            ctx.moving_since[job.job_id] = (job.gang_attempt, ctx.now())
     if step is not None:
         marks = ctx.restart_marks.get(job.job_id)
         if marks is not None and step > job.step and job.gang_attempt and "launched" in marks:
-            # Training moved again after a restart: the job's measured restart overhead.
-            job.restart_overhead_s = measured_restart_s(marks, ctx.provider.now_s())
+            # Training moved again after a restart: the job's measured restart overhead, up to the
+            # start of the step just reported (its duration is training, not restarting).
+            step_s = _float_field(prog, "step_time_s")
+            moved_s = ctx.provider.now_s() - (step_s * ctx.clock_rate if step_s is not None and step_s > 0 else 0.0)
+            job.restart_overhead_s = measured_restart_s(marks, moved_s)
             ctx.restart_marks.pop(job.job_id, None)
         job.step = step
         if job.step > job.gang_start_step:

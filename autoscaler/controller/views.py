@@ -23,27 +23,30 @@ from .context import Context
 _USABLE = (InstanceState.RUNNING.value, InstanceState.PENDING.value)
 
 
-def held_of(rows: Sequence[InstanceRow], by_key: Mapping[str, Offering]) -> tuple[Held, ...]:
+def held_of(rows: Sequence[InstanceRow], by_key: Mapping[str, Offering], releasing: frozenset[str] | set[str] = frozenset()
+            ) -> tuple[Held, ...]:
+    """What the job holds: its live instances, less those the last allocation already let go."""
     groups: dict[tuple[str, str], int] = {}
     for r in rows:
-        if r.state in _USABLE:
+        if r.state in _USABLE and r.instance_id not in releasing:
             groups[(r.offering_key, r.market)] = groups.get((r.offering_key, r.market), 0) + 1
     return tuple(Held(k, m, n, by_key[k].gpus if k in by_key else 1) for (k, m), n in sorted(groups.items()))
 
 
 def _since_checkpoint_s(ctx: Context, job: Job) -> float | None:
     """Seconds of the running gang's work a preemption without time to checkpoint would lose: since
-    its last checkpoint, or since it started (it resumed from one); 0 with no gang running."""
+    its last checkpoint, or since its training moved again (it resumed from one); 0 with no gang
+    making progress."""
     if job.last_checkpoint_step is None:
         return None
     seen = ctx.last_checkpoint.get(job.job_id)
     if seen is None or seen[0] != job.last_checkpoint_step:
         seen = (job.last_checkpoint_step, ctx.now())
         ctx.last_checkpoint[job.job_id] = seen
-    if not job.gang_attempt:
+    moving = ctx.moving_since.get(job.job_id)
+    if not job.gang_attempt or moving is None or moving[0] != job.gang_attempt:
         return 0.0
-    since = max(seen[1], job.gang_started_at or seen[1])
-    return max(0.0, ctx.now() - since) * ctx.clock_rate
+    return max(0.0, ctx.now() - max(seen[1], moving[1])) * ctx.clock_rate
 
 
 def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mapping[str, Offering]) -> JobView:
@@ -58,7 +61,7 @@ def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mappin
         spec=spec,
         submitted_s=job.submitted_clock_s,
         progress=min(1.0, job.step / job.total_steps) if job.total_steps else None,
-        held=held_of(rows, by_key),
+        held=held_of(rows, by_key, ctx.releasing.get(job.job_id, set())),
         cost_so_far_usd=job.cost_usd,
         restart_overhead_s=job.restart_overhead_s,
         recent_capacity_failures=dict(ctx.capacity_failures.get(job.job_id, {})),

@@ -59,7 +59,9 @@ def deadline_state(ctx: PlanContext, fallback_rate: float) -> DeadlineState:
     reserve = reserve_s(ctx.usable, ctx.views, objective.fallback_time_s(ctx.w_rem, fallback_rate), ctx.d, ctx.lag, safety)
     if slack < safety:
         return DeadlineState("safety-net", URGENT, fallback_rate, safety, slack, reserve)
-    if slack <= reserve:
+    if slack <= reserve + ctx.params.slack_tolerance_s:
+        # At the reserve, within the rounding tolerance: the wake-up asked for below lands here and
+        # must trip, whatever the last bits of the arithmetic say.
         return DeadlineState("behind", BEHIND, fallback_rate, safety, slack, reserve)
     return DeadlineState("ahead", NORMAL, fallback_rate, safety, slack, reserve, wake_s=max(now + ctx.lag, now + slack - reserve))
 

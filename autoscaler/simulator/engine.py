@@ -28,9 +28,10 @@ from typing import Any
 from cloud_providers.base import SPOT, Offering
 from cloud_providers.local.market import MarketTrace
 
-from ..policy.base import Allocation, Held, JobView, Policy, PolicyInput, eligible_offerings
+from ..policy.base import Allocation, Held, JobView, MarketHistory, Policy, PolicyInput, eligible_offerings
 from ..policy.jobmath import gang_rate
 from ..spec import JobSpec
+from .executor import STEPS_PER_S
 from .market_watch import MarketWatch
 
 from cost_models.scaling import Scaling
@@ -40,6 +41,8 @@ GRID_S = 300.0
 # neither the market nor the policy's wake-up asks for it.
 MAX_DECISION_GAP_S = 1800.0
 MAX_SIM_S = 60 * 86400.0
+# Times closer than this are one moment (a wake-up computed a rounding error before a market change).
+SAME_MOMENT_S = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +146,17 @@ class _Run:
     state: str = "RUNNING"
     reason: str = ""
     finish: float | None = None
+    # Moments the controller would decide again although the market did not change: a stopped gang
+    # exits, a preempted instance is taken back, a restarted gang makes its first step.
+    events: list[float] = dataclasses.field(default_factory=list)
+    # When the current gang's training moves again after its restart (None: no restart pending).
+    resume_at: float | None = None
+    # Until when the last gang is still checkpointing and exiting (the controller's RESCALING or
+    # RECOVERING: a change of allocation then costs no extra restart).
+    stopping_until: float = -math.inf
+    # What the controller's instance history says of each spot offering: seconds held, preemptions.
+    spot_held_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    preempted: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
@@ -157,7 +171,13 @@ def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
         room = offers[k].spot_available or 0
         if n > room:
             r.preemptions += n - room
+            r.preempted[k] = r.preempted.get(k, 0) + n - room
             broken = True
+            r.events += [r.t + job.checkpoint_save_s, r.t + offers[k].notice_seconds]
+            r.stopping_until = r.t + job.checkpoint_save_s
+            # The cloud bills a preempted instance until its notice runs out (the controller keeps
+            # it until the cloud takes it back).
+            _bill(r, offers[k], m, (n - room) * offers[k].notice_seconds)
             if room:
                 r.holdings[(k, m)] = room
             else:
@@ -168,7 +188,23 @@ def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
         # A notice shorter than the checkpoint's save time: the gang restarts from the last
         # periodic checkpoint, losing what it did since (once per event, for the whole gang).
         r.progress = max(0.0, r.progress - rate_before * (r.run_since_ckpt % job.spec.checkpoint.interval_s))
+    if broken:
+        # Checkpointed on the notice, or back at the last checkpoint: nothing is at risk now.
+        r.run_since_ckpt = 0.0
     return broken
+
+
+def _bill(r: _Run, o: Offering, market: str, instance_s: float) -> None:
+    """Instance-seconds billed outside the run's intervals (a notice, a checkpoint before release)."""
+    h = instance_s / 3600.0
+    if market == SPOT:
+        r.spot_held_s[o.key] = r.spot_held_s.get(o.key, 0.0) + instance_s
+    r.cost += h * o.price_usd_per_hour(market)
+    r.od_equiv += h * o.on_demand_price_usd_per_hour
+    if market == SPOT:
+        r.spot_h += h
+    else:
+        r.od_h += h
 
 
 def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[str, Offering], start: float,
@@ -177,18 +213,32 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
         job_id=job.job_id,
         spec=job.spec,
         submitted_s=start,
-        progress=min(1.0, r.progress / job.work),
+        progress=_reported_progress(r.progress, job.work),
         held=tuple(Held(k, m, n, offers[k].gpus) for (k, m), n in sorted(r.holdings.items()) if n > 0),
         cost_so_far_usd=r.cost,
         restart_overhead_s=job.restart_overhead_s,
         recent_capacity_failures=dict(r.failures),
         scaling=job.scaling,
-        since_checkpoint_s=r.run_since_ckpt % job.spec.checkpoint.interval_s,
-        restarting=broken,
+        since_checkpoint_s=r.run_since_ckpt % job.spec.checkpoint.interval_s if r.holdings else 0.0,
+        # Holding nothing, or just broken: a change of allocation costs no extra restart.
+        restarting=broken or not r.holdings or r.t <= r.stopping_until + 1e-9,
     )
-    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=tuple(offers.values()), history=sim.watch.history_at(r.t),
+    history = sim.watch.history_at(r.t)
+    for k in set(r.spot_held_s) | set(r.preempted):
+        base = MarketHistory(k, r.spot_held_s.get(k, 0.0), r.preempted.get(k, 0))
+        w = history.get(k)
+        history[k] = base if w is None else dataclasses.replace(w, spot_seconds_held=base.spot_seconds_held,
+                                                                preemptions=base.preemptions)
+    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=tuple(offers.values()), history=history,
                       decision_interval_s=sim.grid_s)
     return policy.decide(inp)[0]
+
+
+def _reported_progress(done: float, work: float) -> float:
+    """The fraction of work done as the controller reads it from the simulated workers' reports
+    (whole steps of ``executor.STEPS_PER_S`` per reference GPU-second)."""
+    total = max(1, int(math.ceil(work * STEPS_PER_S - 1e-9)))
+    return min(1.0, int(math.floor(done * STEPS_PER_S + 1e-9)) / total)
 
 
 def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tuple[str, str], int]:
@@ -216,7 +266,10 @@ def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering],
     od_price_s = sum(offers[k].on_demand_price_usd_per_hour * n for (k, m), n in h.items()) / 3600.0
     spot_n = sum(n for (k, m), n in h.items() if m == SPOT)
     od_n = sum(n for (k, m), n in h.items() if m != SPOT)
-    t_next = min(sim.next_change(r.t), wake, end)
+    nc = sim.next_change(r.t)
+    if 0 < nc - wake < SAME_MOMENT_S:
+        wake = nc  # a wake-up a hair before a market change is that change
+    t_next = min(nc, wake, end)
     if t_next == math.inf:
         t_next = end
     dt = t_next - r.t
@@ -230,6 +283,9 @@ def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering],
     r.cost += price_s * dt
     r.od_equiv += od_price_s * dt
     r.spot_h += spot_n * dt / 3600.0
+    for (k, m), n in h.items():
+        if m == SPOT:
+            r.spot_held_s[k] = r.spot_held_s.get(k, 0.0) + n * dt
     r.od_h += od_n * dt / 3600.0
     useful = max(0.0, dt - r.overhead_left)
     r.progress += rate * useful
@@ -260,7 +316,19 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
             break
         target = _target(alloc, r, offers)
         if target != r.holdings:
+            # A gang runs on what is held unless the last one is still exiting (the new one starts
+            # only then): a running gang checkpoints and exits before its instances go.
+            running = not broken and bool(r.holdings) and r.t > r.stopping_until + 1e-9
+            if running:
+                r.events.append(r.t + job.checkpoint_save_s)
+                r.stopping_until = r.t + job.checkpoint_save_s
+                # The running gang is told to stop: what it leaves bills on while it checkpoints and
+                # exits (the controller releases it once it has).
+                for (k, m), n in r.holdings.items():
+                    if n > target.get((k, m), 0):
+                        _bill(r, offers[k], m, (n - target.get((k, m), 0)) * job.checkpoint_save_s)
             r.holdings = target
+            r.resume_at = None  # the gang that was restarting never runs
             broken = True
         wake = r.t + MAX_DECISION_GAP_S
         if alloc.next_decision_s is not None:
@@ -269,6 +337,11 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
             r.overhead_left = job.restart_overhead_s
             r.run_since_ckpt = 0.0
             r.restarts += 1
+            r.resume_at = r.t + job.restart_overhead_s
+        r.events = [x for x in r.events if x > r.t]
+        pending = r.events + ([r.resume_at] if r.resume_at is not None and r.resume_at > r.t else [])
+        if pending:
+            wake = min(wake, min(pending))
         if _advance(sim, job, r, offers, wake, end):
             break
     deadline = None if job.spec.objective.deadline_s is None else start + job.spec.objective.deadline_s

@@ -4,8 +4,8 @@ It implements the executor contract (``cloud_providers.executor``) the way the r
 (DESIGN.md "One world"):
 - a gang makes progress once all its members are started, at the rate the job's scaling model gives
   for the allocation (``gang_rate``: the slowest accelerator sets the pace), in reference GPU-seconds
-  (one step = one reference GPU-second, so ``step / total_steps`` is the fraction of
-  ``simulate.work_gpu_hours`` done);
+  (one step = 1/``STEPS_PER_S`` of a reference GPU-second, so ``step / total_steps`` is the fraction
+  of ``simulate.work_gpu_hours`` done, as finely as the policy reads it);
 - a gang resumes from its last checkpoint, and pays the job's restart overhead ``d`` (checkpoint,
   exit, start, restore) counted from the moment its previous gang was disrupted (notice or stop), or
   from its first start;
@@ -37,6 +37,9 @@ from cost_models.scaling import Scaling
 from ..policy.jobmath import gang_rate
 
 
+STEPS_PER_S = 100
+
+
 @dataclasses.dataclass(frozen=True)
 class SimWorkload:
     """What the simulated workers of one job do."""
@@ -49,7 +52,7 @@ class SimWorkload:
 
     @property
     def total_steps(self) -> int:
-        return max(1, int(math.ceil(self.work_s - 1e-9)))
+        return max(1, int(math.ceil(self.work_s * STEPS_PER_S - 1e-9)))
 
 
 @dataclasses.dataclass
@@ -222,8 +225,10 @@ class SimulatedExecutor:
         if job is None:
             return None
         self._advance(job, self._now_s())
-        out: dict[str, Any] = {"step": int(math.floor(job.done + 1e-9)), "total_steps": job.workload.total_steps,
-                               "last_checkpoint_step": int(math.floor(job.checkpoint + 1e-9))}
+        out: dict[str, Any] = {"step": int(math.floor(job.done * STEPS_PER_S + 1e-9)), "total_steps": job.workload.total_steps,
+                               "last_checkpoint_step": int(math.floor(job.checkpoint * STEPS_PER_S + 1e-9))}
+        if job.gang is not None and job.gang.rate > 0:
+            out["step_time_s"] = 1.0 / (job.gang.rate * STEPS_PER_S)
         if job.checkpoint_s is not None:
             # In the controller's clock, as a real rank 0 reports wall time.
             out["last_checkpoint_unix_s"] = self.clock.now() - (self._now_s() - job.checkpoint_s)
@@ -251,7 +256,7 @@ class SimulatedExecutor:
                 best = min(best, g.exit_s)
             if g.rate > 0 and g.resume_s < math.inf:
                 # The first step after a restart (the controller measures the restart overhead by it).
-                first = g.resume_s + 1.0 / g.rate
+                first = g.resume_s + 1.0 / (g.rate * STEPS_PER_S)
                 if first > t + 1e-9:
                     best = min(best, first)
         return best

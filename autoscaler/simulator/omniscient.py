@@ -138,6 +138,7 @@ class _Dp:
     n_sub: int
     prog: np.ndarray
     busy: np.ndarray
+    save_s: float = 0.0
 
     @property
     def n_modes(self) -> int:
@@ -174,7 +175,7 @@ def _dp(sim: Simulation, job: SimJob, cfgs: list[_Cfg], start: float, horizon: f
             left = max(0.0, d - s * grid)
             busy[i, s] = min(grid, left)
             prog[i, s] = int(math.floor(c.rate * max(0.0, grid - left) / unit + 1e-9))
-    dp = _Dp(start, grid, cfgs, n_ticks, unit, w_goal, n_w, n_sub, prog, busy)
+    dp = _Dp(start, grid, cfgs, n_ticks, unit, w_goal, n_w, n_sub, prog, busy, job.checkpoint_save_s)
     size = n_ticks * dp.n_modes * max(n_w, 1)
     if size > MAX_DP_CELLS:
         raise PlanTooLarge(f"omniscient: {n_ticks} ticks x {dp.n_modes} modes x {n_w} work units is too large to plan "
@@ -191,6 +192,21 @@ def _spot_room(sim: Simulation, t: float, offers: dict[str, Offering]) -> dict[s
             for key, o in offers.items()}
 
 
+def _exit_usd(dp: _Dp, offers: dict[str, Offering]) -> np.ndarray:
+    """Per mode, what leaving it at this tick's start bills (as the controller does): a spot
+    configuration whose room is gone now is preempted and bills its notice; any other running one
+    checkpoints and exits first (``save_s``)."""
+    out = np.zeros(dp.n_modes)
+    for i, c in enumerate(dp.cfgs):
+        o = offers[c.key]
+        gone = c.market == SPOT and (o.spot_available or 0) < c.instances
+        if c.market == SPOT and o.spot_price_usd_per_hour is None:
+            continue
+        seconds = o.notice_seconds if gone else dp.save_s
+        out[dp.mode(i, 0): dp.mode(i, dp.n_sub) + 1] = o.price_usd_per_hour(c.market) * c.instances * seconds / 3600.0
+    return out
+
+
 def _tick(dp: _Dp, sim: Simulation, k: int, cost: np.ndarray, best: tuple[float, _Finish | None]
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, _Finish | None]]:
     """One step of the programme: the costs at the end of tick ``k`` from those at its start, with
@@ -202,8 +218,9 @@ def _tick(dp: _Dp, sim: Simulation, k: int, cost: np.ndarray, best: tuple[float,
     t = dp.start + k * grid
     offers = {o.key: o for o in sim.offerings_at(t)}
     room = _spot_room(sim, t, offers)
-    am = np.argmin(cost, axis=0)
-    m_any = cost[am, ws]
+    leave = cost + _exit_usd(dp, offers)[:, None]
+    am = np.argmin(leave, axis=0)
+    m_any = leave[am, ws]
     new = np.full((dp.n_modes, n_w), np.inf)
     code = np.zeros((dp.n_modes, n_w), dtype=np.int8)
     new[0] = m_any

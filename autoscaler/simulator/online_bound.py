@@ -170,9 +170,9 @@ class OnlineDPPolicy:
         slack = TICK_MIN * t - work
         pos = 0
         for h in job.held:
+            # Where the job is: what it holds (a preempted instance is no longer held; one the last
+            # decision moved to is, while the old gang is still checkpointing).
             pos = self.dp.on_demand if h.market == ON_DEMAND else 1 + self.keys.index(h.offering_key)
-        if job.restarting:
-            pos = 0
         states = []
         for k in self.keys:
             times, caps = self.past[k]

@@ -38,6 +38,8 @@ from .market_watch import MarketWatch
 GRID_S = 300.0
 # The simulator wakes the controller at least this often even when nothing asks for it.
 MAX_DECISION_GAP_S = 1800.0
+# Times closer than this are one moment (a wake-up computed a rounding error before a market change).
+SAME_MOMENT_S = 0.05
 SIM_STORE = "file:///simulated/checkpoints"
 
 
@@ -75,7 +77,8 @@ class World:
         if grid_s <= 0:
             raise ValueError("grid_s must be positive")
         self.trace = trace
-        self.clock = VirtualClock(0.0)
+        # The controller's clock is the market's: virtual seconds are trace seconds.
+        self.clock = VirtualClock(start_s)
         self.executor = SimulatedExecutor(self.clock, offering_of=self._offering_of, launched_at_s=self._launched_at_s,
                                           now_s=self._now_s)
         self.provider = LocalProvider(root=None, trace=trace, time_scale=1.0, start_offset_s=start_s,
@@ -152,8 +155,12 @@ class World:
         if i < len(self._change_times):
             cands.append(self._change_times[i])
         wake = self.controller.ctx.next_wake_s
-        if wake is not None and wake > now + 1e-9:
-            cands.append(wake)
+        if wake is not None and i < len(self._change_times) and 0 < self._change_times[i] - wake < SAME_MOMENT_S:
+            wake = self._change_times[i]  # a wake-up a hair before a market change is that change
+        if wake is not None:
+            # Exactly when asked; a wake-up due now means "decide again at once" (the service would
+            # at its next tick).
+            cands.append(max(wake, now + 1e-6))
         cands.extend(t for t in submits if t > now + 1e-9)
         if any(t >= now - 1e-9 for f in self.controller.ctx.capacity_failures.values() for t in f.values()):
             # A launch was refused just now: the service would decide again at its next tick (and
@@ -196,7 +203,7 @@ class World:
             t = self._next_time(now, horizon_s, [arrivals[k][0] for k in pending])
             if t == math.inf:
                 t = horizon_s
-            self.clock.advance_to(self.clock.now() + (t - now))
+            self.clock.advance_to(t)
 
 
 def _change_times(trace: MarketTrace, keys: Iterable[str] | None) -> list[float]:

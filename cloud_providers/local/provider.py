@@ -106,7 +106,12 @@ class LocalProvider:
 
     # ----- clock -----
     def now_s(self) -> float:
-        return float(self._state["offset_s"] + (self._clock() - self._state["t0_wall"]) * self.time_scale)
+        st = self._state
+        if self.time_scale == 1.0 and st["offset_s"] == st["t0_wall"]:
+            # The clock is the market's own (the simulator's virtual clock): exactly, so a change in
+            # the trace is seen at its very time.
+            return float(self._clock())
+        return float(st["offset_s"] + (self._clock() - st["t0_wall"]) * self.time_scale)
 
     def real_elapsed_s(self) -> float:
         return float(self._clock() - self._state["t0_wall"])

@@ -1,0 +1,64 @@
+"""The policy-only fast path (``simulator/engine.py``) may stand in for the controller on a virtual
+clock (``simulator/world.py``) in large sweeps only because, start by start, it gives the same
+outcome: cost within 0.5 % and the same deadline outcome (issue 10), here on 100 starts of two
+different traces for every policy the sweeps run. ``benchmarks/fast_path.py`` prints the same
+comparison on the benchmark's 24-hour jobs."""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+
+from autoscaler.simulator import Simulation, make_sim_job, run_named
+from autoscaler.simulator.jobs import run_controller
+from autoscaler.simulator.tracegen import MULTI_ZONE, SINGLE_ZONE, generate_trace
+from autoscaler.spec import spec_from_dict
+
+STARTS = 100
+HOURS = 24 * 5
+DEADLINE_H = 8.0
+
+
+TRACES = {"one zone": (SINGLE_ZONE, 11), "four zones": (MULTI_ZONE, 12)}
+_SIMS: dict[str, Simulation] = {}
+
+
+def _spec():  # type: ignore[no-untyped-def]
+    return spec_from_dict({
+        "name": "fast", "run": "x", "resources": {"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]},
+        "workers": {"min": 1, "max": 1}, "training": {"logical_workers": 4, "global_batch_size": 256},
+        "objective": {"deadline": f"{DEADLINE_H:g}h"}, "simulate": {"work_gpu_hours": DEADLINE_H * 0.8},
+    })
+
+
+def _compare(args: tuple[str, str, list[float]]) -> list[tuple[object, ...]]:
+    """The starts of one trace and policy whose fast-path outcome differs (run in a worker process)."""
+    name, policy, starts = args
+    if name not in _SIMS:
+        zones, seed = TRACES[name]
+        _SIMS[name] = Simulation(generate_trace(zones, hours=HOURS, seed=seed), _spec())
+    sim = _SIMS[name]
+    job = make_sim_job(_spec(), restart_overhead_s=12 * 60.0)
+    bad = []
+    for s in starts:
+        fast = run_named(sim, job, policy, s)
+        full = run_controller(sim, job, policy, s)
+        gap = abs(full.cost_usd / fast.cost_usd - 1.0)
+        if gap > 0.005 or fast.deadline_met != full.deadline_met or fast.state != full.state:
+            bad.append((name, round(s / 3600, 2), round(fast.cost_usd, 4), round(full.cost_usd, 4), fast.state, full.state))
+    return bad
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["spotrain", "uniform-progress", "greedy-spot", "omniscient", "on-demand"])
+def test_the_fast_path_gives_each_start_the_controllers_outcome(policy: str) -> None:
+    tasks = []
+    for name in TRACES:
+        starts = [float(x) for x in np.random.default_rng(len(name)).uniform(0, (HOURS - DEADLINE_H - 1) * 3600, STARTS)]
+        tasks += [(name, policy, starts[: STARTS // 2]), (name, policy, starts[STARTS // 2:])]
+    with ProcessPoolExecutor(2) as pool:  # both cores: the suite runs its tests one at a time
+        bad = [b for chunk in pool.map(_compare, tasks) for b in chunk]
+    assert sum(len(t[2]) for t in tasks) == STARTS * len(TRACES)
+    assert not bad, (policy, bad)
