@@ -337,6 +337,7 @@ class ElasticTrainer:
             step_time_s=self._step_time_ema, samples_per_s=B / self._step_time_ema,
             world_size=self.ctx.world_size, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
             last_checkpoint_step=self.checkpoints.last_durable_step, stall_s=self.stall_s_total,
+            last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
         )
         return StepResult(step=self.position.step, total_steps=self.total_steps, epoch=epoch,
                           epoch_end=epoch_end, loss=result.loss, step_time_s=dt)
@@ -407,6 +408,7 @@ class ElasticTrainer:
             self.timeline.mark("durable", t_unix_s=self.checkpoints.last_durable_unix_s, step=snap.step,
                                persist_s=self.checkpoints.last_persist_s)
             self.progress.update(force=True, last_checkpoint_step=self.checkpoints.last_durable_step,
+                                 last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
                                  stall_s=self.stall_s_total)
             self.ctx.barrier()
 
