@@ -162,10 +162,8 @@ class Checkpoint(_Strict):
     def _scheme(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if v.startswith("gs://"):
-            raise ValueError(f"{v!r}: gs:// checkpoint stores are not supported yet (use file:// or s3://)")
-        if not re.match(r"^(file:///|s3://[^/]).+", v):
-            raise ValueError(f"{v!r} must be file:///absolute/path or s3://bucket/prefix")
+        if not re.match(r"^(file:///|s3://[^/]|gs://[^/]).+", v):
+            raise ValueError(f"{v!r} must be file:///absolute/path, s3://bucket/prefix or gs://bucket/prefix")
         return v.rstrip("/")
 
 
