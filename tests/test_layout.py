@@ -57,9 +57,14 @@ def test_worker_protocol_copies_agree() -> None:
 
 
 def test_cloud_sdks_are_imported_only_by_their_adaptor_modules() -> None:
-    """The controller side reaches boto3/botocore only through ``cloud_providers/aws/_boto.py`` (an extra;
-    it imports them lazily), and no controller-side module imports the runtime's packages."""
-    adaptors = {"boto3": {"cloud_providers/aws/_boto.py"}, "botocore": {"cloud_providers/aws/_boto.py"}}
+    """The controller side reaches boto3/botocore only through ``cloud_providers/aws/_boto.py`` and the
+    Google SDK (``google.*``) only through ``cloud_providers/gcp/_google.py`` (extras; they import them
+    lazily), and no controller-side module imports the runtime's packages."""
+    adaptors = {
+        "boto3": {"cloud_providers/aws/_boto.py"},
+        "botocore": {"cloud_providers/aws/_boto.py"},
+        "google": {"cloud_providers/gcp/_google.py"},
+    }
     runtime_only = {"torch", "safetensors", "sklearn"}
     bad = []
     for package in ("autoscaler", "cloud_providers", "cost_models"):
