@@ -8,9 +8,10 @@ unit restarted on failure). It loops, every ``poll_s``:
    rank with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT and the assignment's environment);
    a stop order (``stop_attempt``) kills them; a directive (preemption, rescale, cancel) is written to
    the workers' notice file;
-2. watches the cloud's own notice (AWS IMDSv2 ``spot/instance-action``, GCE ``preempted``) when
-   ``notice_sources`` names it, and writes it to the notice file too: the runtime then checkpoints at
-   the next minibatch boundary, even if the controller is unreachable;
+2. watches the cloud's own notice (AWS IMDSv2 ``spot/instance-action``, polled; GCE ``preempted``,
+   long-polled with ``wait_for_change``: ``metadata.py``) when ``notice_sources`` names it, and writes it
+   to the notice file too: the runtime then checkpoints at the next minibatch boundary, even if the
+   controller is unreachable;
 3. reports (``POST /v1/agent/report``) its state, each rank's exit code, rank 0's progress and the
    notice it saw, every ``report_s`` and at once on every change.
 
@@ -117,8 +118,9 @@ class ControllerChannel:
 
 
 class CloudNoticeWatcher:
-    """Polls the metadata services in a background thread (a slow link-local request must not hold
-    up the agent's loop); the first stop notice sticks."""
+    """Watches the metadata services in background threads, one per source (a slow link-local request
+    must not hold up the agent's loop, and GCE's long-poll blocks until ``preempted`` changes); the
+    first stop notice sticks."""
 
     def __init__(self, sources: Sequence[NoticeSource], *, interval_s: float = 0.5) -> None:
         self._sources = list(sources)
@@ -126,12 +128,14 @@ class CloudNoticeWatcher:
         self._notice: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> CloudNoticeWatcher:
-        if self._sources:
-            self._thread = threading.Thread(target=self._loop, name="spotrain-cloud-notices", daemon=True)
-            self._thread.start()
+        for source in self._sources:
+            thread = threading.Thread(target=self._loop, args=(source,), name=f"spotrain-notices-{source.name}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def close(self) -> None:
@@ -139,20 +143,25 @@ class CloudNoticeWatcher:
 
     def check_once(self) -> None:
         for source in self._sources:
-            try:
-                found = source.check()
-            except MetadataError as exc:
-                log.debug("notice source %s: %s", source.name, exc)
-                continue
-            if found is not None:
-                with self._lock:
-                    if self._notice is None:
-                        self._notice = found
-                        log.warning("cloud notice from %s: %s", source.name, found)
+            self._check(source)
 
-    def _loop(self) -> None:
-        while not self._closing.is_set():
-            self.check_once()
+    def _check(self, source: NoticeSource) -> None:
+        try:
+            found = source.check()
+        except MetadataError as exc:
+            log.debug("notice source %s: %s", source.name, exc)
+            return
+        if found is not None:
+            with self._lock:
+                if self._notice is None:
+                    self._notice = found
+                    log.warning("cloud notice from %s: %s", source.name, found)
+
+    def _loop(self, source: NoticeSource) -> None:
+        # After each answer (a long-poll's included) wait a poll interval: an error that returns at
+        # once must not become a busy loop.
+        while not self._closing.is_set() and self.notice is None:
+            self._check(source)
             self._closing.wait(self._interval_s)
 
     @property

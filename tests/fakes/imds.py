@@ -73,6 +73,8 @@ class FakeMetadataServer:
             def _send(self, code: int, body: str, content_type: str = "text/plain") -> None:
                 data = body.encode()
                 self.send_response(code)
+                if self.path.startswith("/computeMetadata/"):
+                    self.send_header("Metadata-Flavor", "Google")  # as GCE's server answers (clients check it)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
