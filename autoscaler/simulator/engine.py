@@ -31,7 +31,7 @@ from cloud_providers.local.market import MarketTrace
 from ..policy.base import Allocation, Held, JobView, MarketHistory, Policy, PolicyInput, eligible_offerings
 from ..policy.jobmath import gang_rate
 from ..spec import JobSpec
-from .executor import STEPS_PER_S
+from .executor import STEP_EPS, STEPS_PER_S
 from .market_watch import MarketWatch
 
 from cost_models.scaling import Scaling
@@ -238,7 +238,7 @@ def _reported_progress(done: float, work: float) -> float:
     """The fraction of work done as the controller reads it from the simulated workers' reports
     (whole steps of ``executor.STEPS_PER_S`` per reference GPU-second)."""
     total = max(1, int(math.ceil(work * STEPS_PER_S - 1e-9)))
-    return min(1.0, int(math.floor(done * STEPS_PER_S + 1e-9)) / total)
+    return min(1.0, int(math.floor(done * STEPS_PER_S + STEP_EPS)) / total)
 
 
 def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tuple[str, str], int]:

@@ -38,6 +38,8 @@ from ..policy.jobmath import gang_rate
 
 
 STEPS_PER_S = 100
+# Rounding slack when counting whole steps (a step done in float arithmetic may fall a hair short).
+STEP_EPS = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +227,8 @@ class SimulatedExecutor:
         if job is None:
             return None
         self._advance(job, self._now_s())
-        out: dict[str, Any] = {"step": int(math.floor(job.done * STEPS_PER_S + 1e-9)), "total_steps": job.workload.total_steps,
-                               "last_checkpoint_step": int(math.floor(job.checkpoint * STEPS_PER_S + 1e-9))}
+        out: dict[str, Any] = {"step": int(math.floor(job.done * STEPS_PER_S + STEP_EPS)), "total_steps": job.workload.total_steps,
+                               "last_checkpoint_step": int(math.floor(job.checkpoint * STEPS_PER_S + STEP_EPS))}
         if job.gang is not None and job.gang.rate > 0:
             out["step_time_s"] = 1.0 / (job.gang.rate * STEPS_PER_S)
         if job.checkpoint_s is not None:

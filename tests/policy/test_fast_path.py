@@ -1,7 +1,7 @@
 """The policy-only fast path (``simulator/engine.py``) may stand in for the controller on a virtual
 clock (``simulator/world.py``) in large sweeps only because, start by start, it gives the same
 outcome: cost within 0.5 % and the same deadline outcome (issue 10), here on 100 starts of two
-different traces for every policy the sweeps run. ``benchmarks/fast_path.py`` prints the same
+different traces for every policy the sweeps run, and on gangs of four instances. ``benchmarks/fast_path.py`` prints the same
 comparison on the benchmark's 24-hour jobs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named
 from autoscaler.simulator.jobs import run_controller
-from autoscaler.simulator.tracegen import MULTI_ZONE, SINGLE_ZONE, generate_trace
+from autoscaler.simulator.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 from autoscaler.spec import spec_from_dict
 
 STARTS = 100
@@ -21,26 +21,28 @@ HOURS = 24 * 5
 DEADLINE_H = 8.0
 
 
-TRACES = {"one zone": (SINGLE_ZONE, 11), "four zones": (MULTI_ZONE, 12)}
+TRACES = {"one zone": (SINGLE_ZONE, 11), "four zones": (MULTI_ZONE, 12), "gang market": (MULTI_NODE, 13)}
+GANG_STARTS = 40
 _SIMS: dict[str, Simulation] = {}
 
 
-def _spec():  # type: ignore[no-untyped-def]
+def _spec(workers: int = 1):  # type: ignore[no-untyped-def]
     return spec_from_dict({
         "name": "fast", "run": "x", "resources": {"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]},
-        "workers": {"min": 1, "max": 1}, "training": {"logical_workers": 4, "global_batch_size": 256},
-        "objective": {"deadline": f"{DEADLINE_H:g}h"}, "simulate": {"work_gpu_hours": DEADLINE_H * 0.8},
+        "workers": {"min": workers, "max": workers}, "training": {"logical_workers": 4, "global_batch_size": 256},
+        "objective": {"deadline": f"{DEADLINE_H:g}h"}, "simulate": {"work_gpu_hours": DEADLINE_H * 0.8 * workers},
     })
 
 
 def _compare(args: tuple[str, str, list[float]]) -> list[tuple[object, ...]]:
     """The starts of one trace and policy whose fast-path outcome differs (run in a worker process)."""
     name, policy, starts = args
+    workers = 4 if name == "gang market" else 1
     if name not in _SIMS:
         zones, seed = TRACES[name]
-        _SIMS[name] = Simulation(generate_trace(zones, hours=HOURS, seed=seed), _spec())
+        _SIMS[name] = Simulation(generate_trace(zones, hours=HOURS, seed=seed), _spec(workers))
     sim = _SIMS[name]
-    job = make_sim_job(_spec(), restart_overhead_s=12 * 60.0)
+    job = make_sim_job(_spec(workers), restart_overhead_s=12 * 60.0)
     bad = []
     for s in starts:
         fast = run_named(sim, job, policy, s)
@@ -55,10 +57,21 @@ def _compare(args: tuple[str, str, list[float]]) -> list[tuple[object, ...]]:
 @pytest.mark.parametrize("policy", ["spotrain", "uniform-progress", "greedy-spot", "omniscient", "on-demand"])
 def test_the_fast_path_gives_each_start_the_controllers_outcome(policy: str) -> None:
     tasks = []
-    for name in TRACES:
+    for name in ("one zone", "four zones"):
         starts = [float(x) for x in np.random.default_rng(len(name)).uniform(0, (HOURS - DEADLINE_H - 1) * 3600, STARTS)]
         tasks += [(name, policy, starts[: STARTS // 2]), (name, policy, starts[STARTS // 2:])]
     with ProcessPoolExecutor(2) as pool:  # both cores: the suite runs its tests one at a time
         bad = [b for chunk in pool.map(_compare, tasks) for b in chunk]
-    assert sum(len(t[2]) for t in tasks) == STARTS * len(TRACES)
+    assert sum(len(t[2]) for t in tasks) == STARTS * 2
+    assert not bad, (policy, bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["spotrain", "uniform-progress"])
+def test_the_fast_path_agrees_on_gangs_of_four(policy: str) -> None:
+    """A gang loses one instance or all of them, restarts whole: the same outcome on both paths."""
+    starts = [float(x) for x in np.random.default_rng(4).uniform(0, (HOURS - DEADLINE_H - 1) * 3600, GANG_STARTS)]
+    with ProcessPoolExecutor(2) as pool:
+        bad = [b for chunk in pool.map(_compare, [("gang market", policy, starts[::2]), ("gang market", policy, starts[1::2])])
+               for b in chunk]
     assert not bad, (policy, bad)
