@@ -59,11 +59,10 @@ def remote_cloud(
 ) -> CloudSetup:
     """A real cloud whose instances run their own agent (``--executor remote``): the user data of each
     instance carries the agent config (controller URL, the instance's agent credential, notice sources)."""
-    if cloud != "aws":
-        raise ValueError(f"--executor remote needs a real cloud with agents on its instances (aws), not {cloud!r}")
-    from cloud_providers.aws import make_provider  # lazily: boto3 is only needed for AWS
+    if cloud not in ("aws", "gcp"):
+        raise ValueError(f"--executor remote needs a real cloud with agents on its instances (aws, gcp), not {cloud!r}")
     from cloud_providers.base import TAG_JOB, LaunchRequest
-    from cloud_providers.remote.config import NOTICE_SOURCE_AWS, AgentConfig
+    from cloud_providers.remote.config import NOTICE_SOURCE_AWS, NOTICE_SOURCE_GCE, AgentConfig
 
     from .remote_executor import AgentGatedProvider, RemoteExecutor, agent_credential, ensure_agent_token
 
@@ -77,10 +76,11 @@ def remote_cloud(
         return AgentConfig(
             controller_url=advertise_url, agent_credential=agent_credential(token, request.decision_id),
             decision_id=request.decision_id, job_id=request.tags.get(TAG_JOB), controller_id=cloud_id,
-            notice_sources=(NOTICE_SOURCE_AWS,),
+            notice_sources=(NOTICE_SOURCE_GCE if cloud == "gcp" else NOTICE_SOURCE_AWS,),
         ).to_json()
 
     executor = RemoteExecutor(store, agent_token=token, master_port=rendezvous_port)
+    make_provider = _provider_factory(cloud)
     provider = AgentGatedProvider(make_provider(controller_id=cloud_id, boot_config_for=boot_config_for), executor)
     executor.address_of = provider.address_of
     return CloudSetup(provider, executor, 1.0)
@@ -110,4 +110,23 @@ def make_cloud(
                              "(AWS_ENDPOINT_URL, e.g. moto); on real AWS use --executor remote")
         root = localcloud_dir(cloud_id)
         return CloudSetup(make_provider(controller_id=cloud_id), LocalExecutor(root / "executor"), 1.0)
-    raise ValueError(f"cloud {cloud!r} is not available yet (choose local or aws)")
+    if cloud == "gcp":
+        if not os.environ.get("SPOTRAIN_GCP_ENDPOINT"):
+            # Real GCE instances would be bought and left idle while their workers ran here.
+            raise ValueError("--executor local runs the workers on this machine: use it with a stand-in cloud "
+                             "(SPOTRAIN_GCP_ENDPOINT, e.g. the Compute fake); on real GCP use --executor remote")
+        root = localcloud_dir(cloud_id)
+        return CloudSetup(_provider_factory("gcp")(controller_id=cloud_id), LocalExecutor(root / "executor"), 1.0)
+    raise ValueError(f"cloud {cloud!r} is not available yet (choose local, aws or gcp)")
+
+
+def _provider_factory(cloud: str) -> Any:
+    """The cloud's ``make_provider``, imported only now: its SDK is needed for that cloud alone.
+    ``make_provider`` for GCP checks the Google credentials once (CredentialsError in one line)."""
+    if cloud == "gcp":
+        from cloud_providers.gcp import make_provider as make_gcp
+
+        return make_gcp
+    from cloud_providers.aws import make_provider as make_aws
+
+    return make_aws

@@ -17,7 +17,7 @@ def controller_command() -> None:
 
 
 @controller_command.command("start")
-@click.option("--cloud", type=click.Choice(["local", "aws"]), default="local", show_default=True)
+@click.option("--cloud", type=click.Choice(["local", "aws", "gcp"]), default="local", show_default=True)
 @click.option("--executor", type=click.Choice(["local", "remote"]), default="local", show_default=True,
               help="local: run each instance's workers as processes on this machine (local cloud, moto). "
                    "remote: each cloud instance runs the spotrain agent, which runs its workers.")
@@ -61,12 +61,16 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     if executor == "remote" and advertise_url is None and host in ("0.0.0.0", "::"):
         raise SpotrainError(f"--advertise-url is required with --host {host}: instances cannot reach {url}")
     store = Store(db_url())
+    from cloud_providers.errors import CredentialsError, ProviderError
+
     try:
         setup = make_cloud(cloud, cloud_id=cid, executor=executor, store=store, advertise_url=advertise_url or url,
                            rendezvous_port=rendezvous_port)
     except ValueError as exc:
         raise SpotrainError(str(exc)) from None
-    from cloud_providers.errors import CredentialsError, ProviderError
+    except ProviderError as exc:
+        # e.g. GCP credentials, checked once when the provider is built.
+        raise SpotrainError(f"{cloud}: {exc}") from None
 
     try:
         # Fail fast, in one line, on missing credentials or an unreachable cloud endpoint.

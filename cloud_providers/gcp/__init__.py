@@ -15,7 +15,7 @@ from typing import Any
 
 from ..aws.errors import RetryPolicy
 from ..aws.failover import FailoverResult, launch_with_failover
-from ._google import default_credentials, require_sdk
+from ._google import default_credentials, require_sdk, split_endpoint
 from .provider import DEFAULT_IMAGE, GcpProvider, instance_name, request_id
 from .userdata import AgentBoot
 
@@ -84,7 +84,7 @@ def make_provider(**settings: Any) -> GcpProvider:
         if kwargs.get("endpoint") is None and env.get("SPOTRAIN_GCP_ENDPOINT"):
             kwargs["endpoint"] = env["SPOTRAIN_GCP_ENDPOINT"]
     project = kwargs.get("project") or env.get("SPOTRAIN_GCP_PROJECT") or env.get("GOOGLE_CLOUD_PROJECT")
-    stand_in = str(kwargs.get("endpoint") or "").startswith("http://")
+    stand_in = bool(kwargs.get("endpoint")) and split_endpoint(str(kwargs["endpoint"]))[0] == "http"
     if kwargs.get("client_factory") is None and kwargs.get("credentials") is None and not stand_in:
         credentials, chain_project = default_credentials()
         kwargs["credentials"] = credentials

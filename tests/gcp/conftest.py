@@ -7,6 +7,8 @@ For other test modules (and the GCP store / end-to-end helpers), the entry point
     ``clock``: ``.endpoint``, ``.project``, ``.env()`` (``SPOTRAIN_GCP_*`` for a controller subprocess),
     ``.stockout(zone, machine_type)``, ``.quota(...)``, ``.throttle(n)``, ``.fail(status, reason)``,
     ``.preempt(name)`` / ``.complete_preemption(name)``, ``.on_preempt`` hooks, ``.instances()``.
+``gcp_fake_wall``
+    A started ``FakeCompute`` on wall time, for a controller subprocess (which reads the wall clock).
 ``gcp_fake_env``
     ``gcp_fake`` with its ``SPOTRAIN_GCP_*`` variables set in this process (``make_provider`` finds it).
 ``gcp_provider``
@@ -67,6 +69,12 @@ def sleeps() -> SleepRecorder:
 @pytest.fixture
 def gcp_fake(clock: FakeClock) -> Iterator[FakeCompute]:
     with FakeCompute(clock=clock) as fake:
+        yield fake
+
+
+@pytest.fixture
+def gcp_fake_wall() -> Iterator[FakeCompute]:
+    with FakeCompute() as fake:
         yield fake
 
 

@@ -158,6 +158,8 @@ class FakeCompute:
         self.delete_delay_s = delete_delay_s
         self.endpoint = ""
         self.calls: list[tuple[str, str]] = []
+        # (method, path, query) of every request, e.g. to read an insert's requestId.
+        self.queries: list[tuple[str, str, dict[str, str]]] = []
         self.on_preempt: list[Callable[[str, dict[str, Any]], None]] = []
         self._lock = threading.RLock()
         self._instances: dict[tuple[str, str], dict[str, Any]] = {}
@@ -213,6 +215,7 @@ class FakeCompute:
             self._rules.clear()
             self._failures.clear()
             self.calls.clear()
+            self.queries.clear()
 
     # -- knobs ---------------------------------------------------------------------------------
     def stockout(self, zone: str | None = None, machine_type: str | None = None, *, spot_only: bool = False,
@@ -363,6 +366,7 @@ class FakeCompute:
     def handle(self, method: str, path: str, query: Mapping[str, list[str]], body: Any) -> tuple[int, Any]:
         with self._lock:
             self.calls.append((method, path))
+            self.queries.append((method, path, {k: v[-1] for k, v in query.items()}))
             for rule in self._rules:
                 if rule.matches(method, path) and rule.remaining != 0:
                     if rule.remaining is not None:
