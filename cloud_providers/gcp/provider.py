@@ -63,8 +63,8 @@ from ._google import (
 from ._google import compute as sdk
 from .catalog import DEFAULT_REGIONS, ZONES, GcpType, find_type, region_of
 from .errors import CLOUD, Where, call, operation_error_codes, translate_operation
-from .instances import INTERRUPTION_PREEMPTION, NOTICE_S, to_instance
-from .labels import LabelError, encode_tags, label_filter
+from .instances import INTERRUPTION_PREEMPTION, NOTICE_S, parse_time, to_instance
+from .labels import LabelError, decode_labels, encode_tags, label_filter
 from .offerings import ZoneType, discover
 
 # Google's Deep Learning VM image with PyTorch and the NVIDIA driver (see docs/gcp.md).
@@ -342,12 +342,28 @@ class GcpProvider:
             if raced is None:
                 raise
             return self._observe(raced, seen=True)
-        self.wait(op, where=where, operation="instances.insert")
+        done = self.wait(op, where=where, operation="instances.insert")
         record = self.get_record(o.zone, name)
         if record is None:
-            # The insert succeeded and the instance is already gone (preempted and deleted at once).
-            raise InstanceNotFound(f"GCP instance {name} was created and is already gone", **_where_kw(where))
+            return self._vanished_at_birth(request, name, labels, done)
         return self._observe(record, seen=True)
+
+    def _vanished_at_birth(self, request: LaunchRequest, name: str, labels: Mapping[str, str], op: Any) -> Instance:
+        """The insert succeeded, yet Compute no longer knows the VM: preempted and deleted already, or
+        (after a controller crash) the operation is the original one of a VM long gone. It is reported
+        as launched and terminated, so the controller records it and recovers, instead of retrying."""
+        now = self._clock()
+        o = request.offering
+        born = parse_time(str(op.insert_time)) or now
+        gone = Instance(instance_id=name, cloud=CLOUD, region=o.region, zone=o.zone, instance_type=o.instance_type,
+                        market=request.market, state=InstanceState.TERMINATED, tags=decode_labels(labels),
+                        launched_at_s=born, terminated_at_s=max(born, now),
+                        interruption=INTERRUPTION_PREEMPTION if request.market == SPOT else None, offering_key=o.key)
+        with self._lock:
+            self._zone_of[name] = o.zone
+            self._ended_at.setdefault(name, gone.terminated_at_s or now)
+            self._known[name] = gone
+        return gone
 
     def wait(self, op: Any, *, where: Where, operation: str) -> Any:
         """Await a zone operation (``zoneOperations.wait``, which returns when it is DONE or after about

@@ -259,3 +259,18 @@ def test_an_oversized_boot_config_is_an_invalid_request(gcp_fake: FakeCompute, c
     with pytest.raises(InvalidRequest, match="too large"):
         provider.launch(request_factory(provider)(job="big", market=SPOT))
     assert gcp_fake.count("POST", r"/instances$") == 0
+
+
+def test_a_decision_whose_vm_is_already_gone_is_reported_terminated(gcp_fake: FakeCompute,
+                                                                    gcp_provider: GcpProvider) -> None:
+    request = request_factory(gcp_provider)(job="gone", market=SPOT)
+    first = gcp_provider.launch(request)
+    gcp_fake.preempt(first.instance_id, complete=True)
+    # A restarted controller replays the decision: same requestId, so Compute answers with the original
+    # (successful) operation and buys nothing; the VM is gone, and that is what launch says.
+    again = make_test_provider(gcp_fake, gcp_provider.now_s, lambda s: None, controller_id=gcp_provider.controller_id)
+    replay = again.launch(request)
+    assert replay.instance_id == first.instance_id and replay.state is InstanceState.TERMINATED
+    assert replay.interruption == "preemption" and replay.tags[TAG_DECISION] == request.decision_id
+    assert gcp_fake.instances() == []
+    assert [i.instance_id for i in again.list_instances({TAG_JOB: "gone"})] == [first.instance_id]
