@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..errors import InvalidRequest
+
 MAX_LEN = 63
 MAX_LABELS = 64
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -29,10 +31,6 @@ _KEY_PREFIX = "k_g"
 _PART = re.compile(r"^(?P<base>.+)_z(?P<n>[1-9][0-9]*)$")
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-
-
-class LabelError(ValueError):
-    """Tags that cannot be carried as labels (too many, or a key too long)."""
 
 
 def encode_text(text: str) -> str:
@@ -70,7 +68,7 @@ def decode_key(label: str) -> str:
 
 
 def encode_tags(tags: Mapping[str, str]) -> dict[str, str]:
-    """Labels carrying ``tags`` (LabelError if they cannot)."""
+    """Labels carrying ``tags`` (``InvalidRequest`` if they cannot)."""
     labels: dict[str, str] = {}
     for key, value in tags.items():
         lkey = encode_key(str(key))
@@ -78,12 +76,13 @@ def encode_tags(tags: Mapping[str, str]) -> dict[str, str]:
         parts = [encoded[i : i + MAX_LEN] for i in range(0, len(encoded), MAX_LEN)] or [""]
         last_key = lkey if len(parts) == 1 else f"{lkey}_z{len(parts) - 1}"
         if len(last_key) > MAX_LEN:
-            raise LabelError(f"tag key {key!r} is too long for a GCP label ({len(last_key)} > {MAX_LEN} encoded)")
+            raise InvalidRequest(f"tag key {key!r} is too long for a GCP label ({len(last_key)} > {MAX_LEN} "
+                                 f"encoded)", cloud="gcp")
         labels[lkey] = parts[0]
         for n, part in enumerate(parts[1:], start=1):
             labels[f"{lkey}_z{n}"] = part
     if len(labels) > MAX_LABELS:
-        raise LabelError(f"tags need {len(labels)} GCP labels, more than the {MAX_LABELS} allowed")
+        raise InvalidRequest(f"tags need {len(labels)} GCP labels, more than the {MAX_LABELS} allowed", cloud="gcp")
     for k, v in labels.items():
         assert _LABEL.match(k) and _VALUE.match(v), (k, v)  # the encoding guarantees it
     return labels

@@ -64,7 +64,7 @@ from ._google import compute as sdk
 from .catalog import DEFAULT_REGIONS, ZONES, GcpType, find_type, region_of
 from .errors import CLOUD, Where, call, operation_error_codes, translate_operation
 from .instances import INTERRUPTION_PREEMPTION, NOTICE_S, parse_time, to_instance
-from .labels import LabelError, decode_labels, encode_tags, label_filter
+from .labels import decode_labels, encode_tags, label_filter
 from .offerings import ZoneType, discover
 
 # Google's Deep Learning VM image with PyTorch and the NVIDIA driver (see docs/gcp.md).
@@ -295,8 +295,8 @@ class GcpProvider:
         tags[TAG_PRICE] = f"{price_usd_per_hour:.6f}"
         try:
             return encode_tags(tags)
-        except LabelError as exc:
-            raise InvalidRequest(str(exc), **_where_kw(where)) from exc
+        except InvalidRequest as exc:
+            raise InvalidRequest(exc.message, **_where_kw(where)) from exc
 
     def _boot_items(self, request: LaunchRequest, where: Where) -> dict[str, str]:
         config = dict(self._boot_config_for(request)) if self._boot_config_for else {
@@ -432,10 +432,7 @@ class GcpProvider:
 
     def _records(self, tags: Mapping[str, str]) -> list[Any]:
         """Every instance of the provider's zones whose labels carry ``tags`` (one aggregated list)."""
-        try:
-            text = label_filter(tags)
-        except LabelError as exc:
-            raise InvalidRequest(str(exc), cloud=CLOUD) from exc
+        text = label_filter(tags)
         request: dict[str, Any] = {"project": self.project}
         if text:
             request["filter"] = text

@@ -14,6 +14,7 @@ import pytest
 
 from cloud_providers import catalog as shared
 from cloud_providers.base import ON_DEMAND, SPOT, TAG_CONTROLLER, TAG_DECISION, TAG_JOB, InstanceState
+from cloud_providers.errors import InvalidRequest
 from cloud_providers.gcp import GcpProvider, instance_name, request_id, userdata
 from cloud_providers.gcp import catalog as gcp_catalog
 from cloud_providers.gcp import labels as gcp_labels
@@ -118,7 +119,7 @@ def test_label_encoding_is_faithful_and_valid_on_random_tags() -> None:
             assert gcp_labels._LABEL.match(key) and gcp_labels._VALUE.match(value), (key, value)
     plain = {"spotrain-job": "digits-cnn-1", "spotrain-decision": str(uuid.UUID(int=7)), "spotrain-market": "spot"}
     assert gcp_labels.encode_tags(plain) == plain, "common tags stay readable"
-    with pytest.raises(gcp_labels.LabelError):
+    with pytest.raises(InvalidRequest):
         gcp_labels.encode_tags({"k" * 70: "v"})
 
 
@@ -253,8 +254,6 @@ def test_startup_script_carries_no_job_data(gcp_fake: FakeCompute, clock: FakeCl
 
 def test_an_oversized_boot_config_is_an_invalid_request(gcp_fake: FakeCompute, clock: FakeClock,
                                                         sleeps: SleepRecorder) -> None:
-    from cloud_providers.errors import InvalidRequest
-
     provider = make_test_provider(gcp_fake, clock, sleeps, boot_config_for=lambda r: {"blob": "x" * 100_000})
     with pytest.raises(InvalidRequest, match="too large"):
         provider.launch(request_factory(provider)(job="big", market=SPOT))
