@@ -1,5 +1,8 @@
 """Builds the provider and executor a controller runs with (``--cloud``, ``--executor``).
 
+``--cloud aws,gcp`` builds each cloud's provider as for one cloud and puts them behind one
+``MultiCloudProvider`` (``multicloud.py``), so one policy decision sees every cloud's offerings.
+
 Cloud SDKs are imported only when their cloud is chosen, so the CLI stays fast and the local cloud
 needs no cloud account.
 """
@@ -19,6 +22,7 @@ from cloud_providers.local.provider import DEFAULT_TIME_SCALE, LocalProvider
 from cloud_providers.local.scenario import Scenario
 
 from .home import localcloud_dir
+from .multicloud import MultiCloudProvider, check_clouds
 from .remote_executor import DEFAULT_MASTER_PORT
 from .state import Store
 
@@ -58,9 +62,14 @@ def remote_cloud(
     cloud: str, *, cloud_id: str, store: Store, advertise_url: str, rendezvous_port: int = DEFAULT_MASTER_PORT,
 ) -> CloudSetup:
     """A real cloud whose instances run their own agent (``--executor remote``): the user data of each
-    instance carries the agent config (controller URL, the instance's agent credential, notice sources)."""
-    if cloud not in ("aws", "gcp"):
-        raise ValueError(f"--executor remote needs a real cloud with agents on its instances (aws, gcp), not {cloud!r}")
+    instance carries the agent config (controller URL, the instance's agent credential, notice sources).
+    ``cloud`` may name several (``aws,gcp``): one agent gate over the clouds' composite provider."""
+    clouds = cloud.split(",")
+    for name in clouds:
+        if name not in ("aws", "gcp"):
+            raise ValueError(f"--executor remote needs a real cloud with agents on its instances (aws, gcp), not {name!r}")
+    if len(clouds) > 1:
+        check_clouds(clouds)
     from cloud_providers.base import TAG_JOB, LaunchRequest
     from cloud_providers.remote.config import NOTICE_SOURCE_AWS, NOTICE_SOURCE_GCE, AgentConfig
 
@@ -76,12 +85,12 @@ def remote_cloud(
         return AgentConfig(
             controller_url=advertise_url, agent_credential=agent_credential(token, request.decision_id),
             decision_id=request.decision_id, job_id=request.tags.get(TAG_JOB), controller_id=cloud_id,
-            notice_sources=(NOTICE_SOURCE_GCE if cloud == "gcp" else NOTICE_SOURCE_AWS,),
+            notice_sources=(NOTICE_SOURCE_GCE if request.offering.cloud == "gcp" else NOTICE_SOURCE_AWS,),
         ).to_json()
 
     executor = RemoteExecutor(store, agent_token=token, master_port=rendezvous_port)
-    make_provider = _provider_factory(cloud)
-    provider = AgentGatedProvider(make_provider(controller_id=cloud_id, boot_config_for=boot_config_for), executor)
+    raw = [_provider_factory(name)(controller_id=cloud_id, boot_config_for=boot_config_for) for name in clouds]
+    provider = AgentGatedProvider(raw[0] if len(raw) == 1 else MultiCloudProvider(raw), executor)
     executor.address_of = provider.address_of
     return CloudSetup(provider, executor, 1.0)
 
@@ -99,6 +108,11 @@ def make_cloud(
                             rendezvous_port=rendezvous_port)
     if executor != "local":
         raise ValueError(f"unknown executor {executor!r} (choose local or remote)")
+    if "," in cloud:  # one controller over several clouds (autoscaler/multicloud.py)
+        names = cloud.split(",")
+        check_clouds(names)
+        setups = [make_cloud(name, cloud_id=cloud_id) for name in names]
+        return CloudSetup(MultiCloudProvider([s.provider for s in setups]), setups[0].executor, 1.0)
     if cloud == "local":
         return local_cloud(cloud_id)
     if cloud == "aws":

@@ -16,8 +16,21 @@ def controller_command() -> None:
     """Run the controller service."""
 
 
+CLOUDS = ("local", "aws", "gcp")
+
+
+def _clouds(value: str) -> str:
+    """``--cloud``: one of CLOUDS, or a comma-separated list of them (``aws,gcp``)."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in CLOUDS]
+    if not names or bad:
+        raise click.BadParameter(f"{value!r}: choose from {', '.join(CLOUDS)} (several as aws,gcp)")
+    return ",".join(names)
+
+
 @controller_command.command("start")
-@click.option("--cloud", type=click.Choice(["local", "aws", "gcp"]), default="local", show_default=True)
+@click.option("--cloud", default="local", show_default=True, callback=lambda _ctx, _param, value: _clouds(value),
+              help="local, aws or gcp; or several real clouds under one controller: aws,gcp.")
 @click.option("--executor", type=click.Choice(["local", "remote"]), default="local", show_default=True,
               help="local: run each instance's workers as processes on this machine (local cloud, moto). "
                    "remote: each cloud instance runs the spotrain agent, which runs its workers.")
@@ -45,7 +58,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = ensure_token()
-    cid = controller_id or f"controller-{cloud}"
+    cid = controller_id or f"controller-{cloud.replace(',', '-')}"
     # Bound first: with --executor remote, the instances' user data carries the controller's address.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -72,13 +85,15 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         # e.g. GCP credentials, checked once when the provider is built.
         raise SpotrainError(f"{cloud}: {exc}") from None
 
-    try:
-        # Fail fast, in one line, on missing credentials or an unreachable cloud endpoint.
-        setup.provider.offerings()
-    except CredentialsError as exc:
-        raise SpotrainError(f"{cloud}: {exc}") from None
-    except ProviderError as exc:
-        raise SpotrainError(f"{cloud}: cannot list offerings: {exc}") from None
+    # Fail fast, in one line, on missing credentials or an unreachable cloud endpoint: each cloud of a
+    # multi-cloud controller on its own (its composite would carry on without one).
+    for name, provider in (getattr(setup.provider, "providers", None) or {cloud: setup.provider}).items():
+        try:
+            provider.offerings()
+        except CredentialsError as exc:
+            raise SpotrainError(f"{name}: {exc}") from None
+        except ProviderError as exc:
+            raise SpotrainError(f"{name}: cannot list offerings: {exc}") from None
     ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                      controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)
     try:

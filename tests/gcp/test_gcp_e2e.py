@@ -1,0 +1,155 @@
+"""End to end on the GCP fakes: the real product (`spotrain controller start --cloud gcp --executor local`)
+runs the Quickstart job with the real elastic runtime, checkpoints to ``gs://`` on the GCS fake, takes a
+Spot VM preemption and finishes with nothing left running.
+
+The Compute fake (``tests/gcp/fake_compute.py``) and the GCS fake (``tests/gcp/fake_gcs.py``) run in
+this process; the controller subprocess reaches Compute through ``SPOTRAIN_GCP_ENDPOINT`` and its
+workers reach GCS through ``STORAGE_EMULATOR_HOST`` (the client library's own convention), both with
+anonymous credentials, and nothing of the Google clients is patched. The preemption is delivered as
+Compute delivers one: the VM goes STOPPING with ``lastStopTimestamp`` and a preempted status message
+(the notice, which the provider reports and the controller relays to the workers, who checkpoint),
+then, after the notice window, the fake deletes it (``instanceTerminationAction=DELETE``). The mirror
+of ``tests/aws/test_aws_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.numpy import load as load_safetensors
+
+from cloud_providers.base import TAG_CONTROLLER
+from cloud_providers.gcp.labels import decode_labels
+from support import REPO, run_cli, start_controller, worker_pids
+
+from .fake_compute import FakeCompute
+from .fake_gcs import FakeGcs
+
+pytestmark = [pytest.mark.gcp, pytest.mark.e2e]
+
+QUICKSTART = REPO / "examples" / "quickstart"
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_BUDGET", "FAILED_NO_RESOURCE"}
+NOTICE_S = 3.0  # Compute gives 30 s; the workers need about one step to checkpoint
+
+
+def last_json(out: str) -> Any:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def job_status(job_id: str) -> dict[str, Any]:
+    r = run_cli("status", job_id, "--json")
+    assert r.returncode == 0, r.stderr
+    job = last_json(r.stdout)
+    assert isinstance(job, dict)
+    return job
+
+
+def live_instances(controller_id: str, compute: FakeCompute) -> list[str]:
+    """Instances of this controller (by its label) that the fake still has, in any state but TERMINATED."""
+    return [i["name"] for i in compute.instances()
+            if decode_labels(i.get("labels", {})).get(TAG_CONTROLLER) == controller_id and i["status"] != "TERMINATED"]
+
+
+def quickstart_spec(dir_: Path, store_uri: str) -> Path:
+    """examples/quickstart/job.yaml on GCP only, its workdir made absolute, checkpoints in ``store_uri``."""
+    text = (QUICKSTART / "job.yaml").read_text()
+    for old, new in (
+        ("workdir: .", f"workdir: {QUICKSTART}"),
+        ("clouds: [aws, gcp]", "clouds: [gcp]"),
+        ("keep: 3", f"keep: 3\n  store: {store_uri}"),
+    ):
+        assert old in text, f"examples/quickstart/job.yaml no longer has {old!r}"
+        text = text.replace(old, new)
+    spec = dir_ / "quickstart-gcp.yaml"
+    spec.write_text(text)
+    return spec
+
+
+def deliver_preemption(compute: FakeCompute, name: str, *, notice_s: float) -> threading.Thread:
+    """Notice now (STOPPING), deletion after ``notice_s``, in the background."""
+
+    def run() -> None:
+        compute.preempt(name)
+        time.sleep(notice_s)
+        compute.complete_preemption(name)
+
+    thread = threading.Thread(target=run, name=f"preempt-{name}", daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(240)
+def test_quickstart_on_the_gcp_fake_survives_a_preemption_with_gcs_checkpoints(
+    spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on AWS: 8 epochs keep the run at 10-30 s on 2 cores, long enough for the preemption, sent at
+    # 10 % of the steps, to reach the workers before the end.
+    monkeypatch.setenv("QUICKSTART_EPOCHS", "8")
+    began = time.time()
+    controller_id = f"e2e-{uuid.uuid4().hex[:8]}"
+    bucket = f"spotrain-e2e-{uuid.uuid4().hex[:8]}"
+    with FakeCompute() as compute, FakeGcs() as gcs:
+        gcs.create_bucket(bucket)
+        env = {**compute.env(), "STORAGE_EMULATOR_HOST": gcs.endpoint}
+        spec = quickstart_spec(tmp_path, f"gs://{bucket}/runs")
+        ctl = start_controller(spotrain_home, "--cloud", "gcp", "--executor", "local", "--id", controller_id, env=env)
+        preempted: str | None = None
+        try:
+            r = run_cli("submit", str(spec), "--json")
+            assert r.returncode == 0, r.stderr
+            job_id = last_json(r.stdout)["job_id"]
+            deadline = time.time() + 200
+            job = job_status(job_id)
+            while job["state"] not in TERMINAL and time.time() < deadline:
+                if (preempted is None and job["state"] == "RUNNING" and job["total_steps"]
+                        and job["step"] >= 0.1 * job["total_steps"]):
+                    assert all(w["market"] == "spot" and w["offering"].startswith("gcp/") for w in job["workers"])
+                    preempted = job["workers"][0]["instance_id"]
+                    deliver_preemption(compute, preempted, notice_s=NOTICE_S)
+                time.sleep(0.5)
+                job = job_status(job_id)
+            assert job["state"] == "SUCCEEDED", job
+            assert preempted is not None, "the job finished before a preemption could be delivered"
+        finally:
+            if ctl.poll() is None:
+                ctl.send_signal(signal.SIGTERM)
+                try:
+                    ctl.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    ctl.kill()
+                    ctl.wait()
+
+        assert job["preemptions"] >= 1, job
+        assert job["attempts"] >= 2, job  # the gang was restarted from a checkpoint
+        assert 0 < job["cost_usd"] < job["on_demand_cost_usd"], job
+        assert job["metric_name"] == "test_accuracy" and job["metric"] > 0.5, job
+
+        # The final weights and the checkpoints are in GCS (the fake), under the job's own prefix.
+        assert job["final_model"] == f"gs://{bucket}/runs/{job_id}/final/model.safetensors"
+        weights = load_safetensors(gcs.get(bucket, f"runs/{job_id}/final/model.safetensors"))
+        assert weights and all(w.size > 0 for w in weights.values())
+        names = gcs.names(bucket, f"runs/{job_id}/checkpoints/")
+        assert any(n.endswith("/manifest.json") for n in names), names
+        assert gcs.count("POST", "/upload/") > 0 and gcs.count("GET", "/download/") > 0  # written, and read back
+
+        # Compute's side: the preempted VM was deleted by Compute itself, and nothing of this controller
+        # is left running.
+        assert compute.instance(preempted) is None
+        assert live_instances(controller_id, compute) == []
+
+        logs = run_cli("logs", job_id)
+        assert logs.returncode == 0
+        assert "preemption-notice" in logs.stdout and preempted in logs.stdout
+        assert "resumed from checkpoint" in logs.stdout
+        time.sleep(0.5)
+        assert worker_pids("train.py", str(spotrain_home)) == []
+    print(f"\ngcp e2e: {job['attempts']} attempts, {job['preemptions']} preemption(s), "
+          f"{len(names)} checkpoint objects, {time.time() - began:.1f} s")
