@@ -1,5 +1,13 @@
 """The controller's HTTP API (FastAPI, OpenAPI at /docs and /openapi.json), bearer-token protected.
 
+Every request passes ``RequestGuard`` first (issue 14, finding 4: a 300 MB POST without a token was
+read whole before its 401). It checks the credential from the headers alone, before any byte of the
+body is read: the API token, or on the agents' paths an agent credential; only ``/healthz`` is open,
+and it says no more than that the controller is up unless the token comes with it (finding 11). The
+schema and its pages (``/docs``, ``/openapi.json``) need the token like everything else. A body is
+then read by the guard itself, at most ``max_body_bytes`` (413 past it, announced or not) within
+``body_timeout_s`` (408), before any parsing.
+
 The CLI is its main client. With ``--executor remote`` the instance agents call the agent endpoints
 (``api_agents.py``) with their per-instance credentials; with the local executor, workers report
 through the executor's progress file instead.
@@ -12,24 +20,33 @@ installed here turn each into its status (``ERROR_STATUS``, most specific type f
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cloud_providers.errors import ProviderError
 
-from .api_agents import agent_router_for
+from .api_agents import AGENT_PATHS, agent_gate_for, agent_router_for
 from .controller import Controller, job_summary
 from .domain import IllegalTransition
 from .errors import AuthError, Conflict, DomainError, JobNotFound, SpecError, SpotrainError
 from .logs import job_logs
 from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
 from .spec import spec_from_dict
+
+# Bounds of one request: the API's bodies (a spec, an agent's report) are a few kB.
+MAX_BODY_BYTES = 1024 * 1024
+BODY_TIMEOUT_S = 30.0
+PUBLIC_PATHS = frozenset({"/healthz"})
 
 # Each error type's HTTP status; a type not listed takes its nearest listed base's.
 ERROR_STATUS: dict[type[Exception], int] = {
@@ -81,18 +98,115 @@ def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody} for s in (401, *statuses)}
 
 
-def create_app(controller: Controller, token: str) -> FastAPI:
+class RequestGuard:
+    """ASGI middleware: credentials from the headers, then a bounded, timed body, then the app.
+
+    ``authorized(path, authorization_header)`` decides from the headers alone; a refused request gets
+    its 401 with no byte of its body read (``connection: close``: the rest is never read). A body is
+    read here, whole, at most ``max_body_bytes`` within ``body_timeout_s``, and handed to the app from
+    memory, so the app never waits on a slow client or holds more than the limit.
+    """
+
+    def __init__(self, app: ASGIApp, *, authorized: Callable[[str, str], bool], public_paths: Collection[str],
+                 max_body_bytes: int, body_timeout_s: float) -> None:
+        if max_body_bytes < 0 or body_timeout_s <= 0:
+            raise ValueError("max_body_bytes must be >= 0 and body_timeout_s > 0")
+        self.app = app
+        self.authorized = authorized
+        self.public_paths = frozenset(public_paths)
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if scope["path"] not in self.public_paths and not self.authorized(scope["path"], headers.get("authorization", "")):
+            await self._refuse(scope, receive, send, 401, "invalid or missing API token", "AuthError")
+            return
+        length = headers.get("content-length")
+        if length is None and "transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body (HTTP/1.1: neither a length nor chunks)
+            return
+        if length is not None and (not length.strip().isdigit() or int(length) > self.max_body_bytes):
+            await self._refuse(scope, receive, send, 413, f"the request body is larger than {self.max_body_bytes} bytes",
+                               "RequestTooLarge")
+            return
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+        except asyncio.TimeoutError:
+            await self._refuse(scope, receive, send, 408, f"the request body did not arrive within {self.body_timeout_s:g} s",
+                               "RequestTimeout")
+            return
+        if body is None:
+            return  # the client left
+        if len(body) > self.max_body_bytes:
+            await self._refuse(scope, receive, send, 413, f"the request body is larger than {self.max_body_bytes} bytes",
+                               "RequestTooLarge")
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: only the client's disconnect
+
+        await self.app(scope, replay, send)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The body (None if the client left); reading stops at the first chunk past the limit, so
+        a longer answer means "too large"."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            chunks.append(chunk)
+            if size > self.max_body_bytes or not message.get("more_body", False):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str, error: str) -> None:
+        response = _error_response(status, detail, error)
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
+
+
+def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
+    """The controller's app. ``max_body_bytes`` and ``body_timeout_s`` bound each request's body."""
     app = FastAPI(title="spotrain controller", version="1")
     install_error_handlers(app)
     started = time.time()
+    expected = f"Bearer {token}".encode()
+    agent_gate = agent_gate_for(controller)
+
+    def has_token(authorization: str) -> bool:
+        return hmac.compare_digest(authorization.encode(), expected)
+
+    def authorized(path: str, authorization: str) -> bool:
+        if agent_gate is not None and path in AGENT_PATHS:
+            return agent_gate(authorization)
+        return has_token(authorization)
+
+    app.add_middleware(RequestGuard, authorized=authorized, public_paths=PUBLIC_PATHS, max_body_bytes=max_body_bytes,
+                       body_timeout_s=body_timeout_s)
 
     def auth(request: Request) -> None:
-        got = request.headers.get("authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+        if not has_token(request.headers.get("authorization", "")):
             raise AuthError("invalid or missing API token")
 
     @app.get("/healthz", response_model=Health)
-    def healthz() -> Health:
+    def healthz(request: Request) -> Any:
+        """Up, to anyone; the controller's id, uptime and last tick error only with the token."""
+        if not has_token(request.headers.get("authorization", "")):
+            return JSONResponse(Health(ok=True).model_dump(exclude_none=True))
         return Health(ok=True, controller_id=controller.controller_id, uptime_s=time.time() - started,
                       last_tick_error=controller.last_tick_error)
 

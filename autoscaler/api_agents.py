@@ -13,6 +13,7 @@ the router also serves without the controller's app (tests mount it alone).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Body, HTTPException, Request
@@ -25,6 +26,7 @@ from .remote_executor import (
     InstanceTerminated,
     RemoteExecutor,
     WrongInstance,
+    check_report,
     decision_of,
 )
 
@@ -34,15 +36,29 @@ if TYPE_CHECKING:
 
 # What each lookup refusal means to the agent (``cloud_providers/remote/wire.py``): 404 retry, 410 stop.
 LOOKUP_STATUS: dict[type[AgentLookupError], int] = {InstanceNotYetKnown: 404, InstanceTerminated: 410, WrongInstance: 403}
+# The paths only an agent credential opens (the controller's app checks it before reading a body).
+AGENT_PATHS = frozenset({ASSIGNMENT_PATH, REPORT_PATH})
+
+
+def _decision(executor: RemoteExecutor, authorization: str) -> str | None:
+    credential = authorization[len("Bearer "):] if authorization.startswith("Bearer ") else ""
+    return decision_of(executor.agent_token, credential) if credential else None
+
+
+def agent_gate_for(controller: "Controller") -> Callable[[str], bool] | None:
+    """Whether an ``Authorization`` header carries an agent credential this controller issued (None
+    when its executor is not remote: then no path is an agent's)."""
+    executor = controller.executor
+    if not isinstance(executor, RemoteExecutor):
+        return None
+    return lambda authorization: _decision(executor, authorization) is not None
 
 
 def agent_router(executor: RemoteExecutor) -> APIRouter:
     router = APIRouter(tags=["agents"])
 
     def identify(request: Request, claimed_instance_id: str | None) -> str:
-        got = request.headers.get("authorization", "")
-        credential = got[len("Bearer "):] if got.startswith("Bearer ") else ""
-        decision_id = decision_of(executor.agent_token, credential) if credential else None
+        decision_id = _decision(executor, request.headers.get("authorization", ""))
         if decision_id is None:
             raise HTTPException(status_code=401, detail="invalid or missing agent credential")
         try:
@@ -60,10 +76,14 @@ def agent_router(executor: RemoteExecutor) -> APIRouter:
         """Record the caller's report; answers with its current assignment."""
         try:
             parsed = Report.from_json(body)
+            check_report(parsed)
         except WireError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
         instance_id = identify(request, parsed.instance_id)
-        executor.record_report(instance_id, parsed)
+        try:
+            executor.record_report(instance_id, parsed)
+        except WireError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
         return executor.assignment(instance_id).to_json()
 
     return router

@@ -8,6 +8,10 @@ Layout (default ``~/.spotrain``)::
     logs/<job_id>/...      worker logs
     checkpoints/<job_id>/  default checkpoint store (file://)
     localcloud/<id>/       the local cloud's own state (its "machines")
+
+SPOTRAIN_HOME and every directory made in it are mode 0700 (a home found wider is narrowed), so the
+database, logs and checkpoints are the user's alone whatever mode a writer gives its files; the
+database (``state/store.py``) and the secrets are 0600 themselves (issue 14, finding 11).
 """
 
 from __future__ import annotations
@@ -18,10 +22,17 @@ import secrets
 from pathlib import Path
 
 
-def home() -> Path:
-    p = Path(os.environ.get("SPOTRAIN_HOME") or Path.home() / ".spotrain").expanduser()
-    p.mkdir(parents=True, exist_ok=True)
+def private_dir(p: Path) -> Path:
+    """``p`` as a directory of mode 0700: made so (with its missing parents), narrowed if found wider."""
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = p.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.getuid():
+        os.chmod(p, 0o700)
     return p
+
+
+def home() -> Path:
+    return private_dir(Path(os.environ.get("SPOTRAIN_HOME") or Path.home() / ".spotrain").expanduser())
 
 
 def db_url() -> str:
@@ -61,7 +72,9 @@ def controller_file() -> Path:
 
 def write_controller_info(url: str, pid: int) -> None:
     tmp = controller_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps({"url": url, "pid": pid}))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"url": url, "pid": pid}))
     os.replace(tmp, controller_file())
 
 
@@ -74,18 +87,12 @@ def read_controller_info() -> dict[str, object] | None:
 
 
 def logs_dir(job_id: str) -> Path:
-    p = home() / "logs" / job_id
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    return private_dir(private_dir(home() / "logs") / job_id)
 
 
 def default_store() -> str:
-    p = home() / "checkpoints"
-    p.mkdir(parents=True, exist_ok=True)
-    return "file://" + str(p)
+    return "file://" + str(private_dir(home() / "checkpoints"))
 
 
 def localcloud_dir(cloud_id: str) -> Path:
-    p = home() / "localcloud" / cloud_id
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    return private_dir(private_dir(home() / "localcloud") / cloud_id)

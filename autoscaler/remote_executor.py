@@ -37,6 +37,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,7 @@ from cloud_providers.remote.wire import (
     Assignment,
     RankAssignment,
     Report,
+    WireError,
 )
 
 from .errors import SpotrainError
@@ -95,6 +97,67 @@ def decision_of(token: str, credential: str) -> str | None:
     if not sep or not decision_id:
         return None
     return decision_id if hmac.compare_digest(mac.encode(), _mac(token, decision_id).encode()) else None
+
+
+# ----- bounds on an agent's report (issue 14, finding 1) -------------------------------------------
+# An agent's report is untrusted input: the numbers it carries go into the database (SQLite integers
+# are 64-bit) and into the controller's arithmetic, so they are refused unless finite and in range.
+MAX_ATTEMPT = 2**31 - 1
+MAX_RANK = 2**20
+MAX_NUMBER = 2**53
+MAX_DEPTH = 8
+MAX_STRING = 4096
+MAX_OBJECT_BYTES = 64 * 1024
+
+
+def _check_values(value: Any, where: str) -> None:
+    """Every number in ``value`` finite and within +-MAX_NUMBER, strings short, nesting shallow."""
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while stack:
+        v, at, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise WireError(f"{at}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, int):
+            if not -MAX_NUMBER <= v <= MAX_NUMBER:
+                raise WireError(f"{at}: {v.bit_length()}-bit integer out of range (at most {MAX_NUMBER})")
+        elif isinstance(v, float):
+            if not math.isfinite(v) or abs(v) > MAX_NUMBER:
+                raise WireError(f"{at}: {v!r} is not a finite number in range")
+        elif isinstance(v, str):
+            if len(v) > MAX_STRING:
+                raise WireError(f"{at}: a string of {len(v)} characters is too long (at most {MAX_STRING})")
+        elif isinstance(v, Mapping):
+            stack.extend((item, f"{at}.{str(k)[:64]}", depth + 1) for k, item in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((item, f"{at}[{i}]", depth + 1) for i, item in enumerate(v))
+        else:
+            raise WireError(f"{at}: {type(v).__name__} is not a JSON value")
+
+
+def check_report(report: Report) -> None:
+    """Refuse a report whose values are not finite, typed and bounded (``WireError``, one line):
+    Infinity / NaN anywhere, an attempt past 2**31, ranks and exit codes out of range, an oversized
+    progress or notice object."""
+    if not 0 <= report.attempt <= MAX_ATTEMPT:
+        raise WireError(f"attempt: must be between 0 and {MAX_ATTEMPT}")
+    if len(report.exit_codes) > MAX_RANK:
+        raise WireError("exit_codes: too many ranks")
+    for rank, code in report.exit_codes.items():
+        if not 0 <= rank < MAX_RANK or not -2**31 <= code < 2**31:
+            raise WireError("exit_codes: ranks must be in [0, 2**20) and codes 32-bit integers")
+    for name in ("instance_id", "address"):
+        text = getattr(report, name)
+        if text is not None and len(text) > 256:
+            raise WireError(f"{name}: longer than 256 characters")
+    for name in ("progress", "notice"):
+        obj = getattr(report, name)
+        if obj is None:
+            continue
+        _check_values(obj, name)
+        if len(json.dumps(obj, allow_nan=False)) > MAX_OBJECT_BYTES:
+            raise WireError(f"{name}: larger than {MAX_OBJECT_BYTES} bytes")
 
 
 # ----- storage -------------------------------------------------------------------------------------
@@ -276,6 +339,8 @@ class RemoteExecutor:
         )
 
     def record_report(self, instance_id: str, report: Report) -> None:
+        """Store an agent's report; ``WireError`` (nothing stored) if it fails ``check_report``."""
+        check_report(report)
         now = self._clock()
         with self.tables.session() as s:
             row = s.get(AgentReport, instance_id)
@@ -415,6 +480,7 @@ __all__ = [
     "AgentLookupError",
     "RemoteExecutor",
     "agent_credential",
+    "check_report",
     "decision_of",
     "ensure_agent_token",
 ]

@@ -96,10 +96,12 @@ class JobEvents(RootModel[list[JobEvent]]):
 
 
 class Health(_Answer):
+    """``ok`` to anyone; the rest only to a caller with the API token (absent otherwise)."""
+
     ok: bool
-    controller_id: str
-    uptime_s: float
-    last_tick_error: str | None
+    controller_id: str | None = None
+    uptime_s: float | None = None
+    last_tick_error: str | None = None
 
 
 class ErrorBody(_Answer):

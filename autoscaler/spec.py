@@ -7,12 +7,20 @@ naming the field, e.g. ``spec error: workers: min (4) is greater than max (2)``.
 Durations are written ``36h``, ``10m``, ``90s``, ``1h30m``, ``2d`` (``cloud_providers.durations``,
 the one grammar); a bare number is an error, as DESIGN.md asks. ``to_dict`` writes them back as
 ``<seconds>s``, which reads back to the same float.
+
+Hostile input (issue 14, finding 8) is refused in one line before it can cost much: the YAML reader
+(``_SpecLoader``) refuses anchors and aliases (an alias bomb expands to gigabytes), nesting deeper than
+``MAX_DEPTH``, integers longer than ``MAX_INT_DIGITS`` digits and duplicate keys, and reads at most
+``MAX_SPEC_BYTES``; a dict from the API gets the same depth and integer bounds (``_check_plain``).
+Messages never show a whole input (``_show``) and are one line (``_one_line``): a key holding a newline
+is escaped, not printed. ``run`` and ``setup`` must fit one command line (finding 9).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -24,6 +32,15 @@ from cloud_providers import catalog
 from cloud_providers.durations import format_duration_s, parse_duration_s
 
 from .errors import SpecError
+
+# Bounds on a spec (issue 14): a real spec is a few kB, a few levels deep, with small numbers.
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_DEPTH = 32
+MAX_INT_DIGITS = 20
+MAX_INT = 2**63 - 1
+# One command line (``bash -c RUN``) must fit the OS's limit on one argument (Linux: 128 KiB).
+MAX_COMMAND_BYTES = 64 * 1024
+_MAX_MESSAGE = 400
 
 
 class _Strict(BaseModel):
@@ -202,7 +219,12 @@ class JobSpec(_Strict):
     def _nonempty(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("must not be empty")
-        return v
+        return _fits_command_line(v)
+
+    @field_validator("setup")
+    @classmethod
+    def _setup_fits(cls, v: str | None) -> str | None:
+        return None if v is None else _fits_command_line(v)
 
     @model_validator(mode="after")
     def _workers_fit_logical(self) -> "JobSpec":
@@ -218,6 +240,39 @@ class JobSpec(_Strict):
         return self.model_dump(mode="json", by_alias=True, exclude_none=False)
 
 
+def _fits_command_line(v: str) -> str:
+    size = len(v.encode())
+    if size > MAX_COMMAND_BYTES:
+        raise ValueError(f"{size} bytes is longer than the limit of {MAX_COMMAND_BYTES} bytes "
+                         "(a command must fit the OS's limit on one argument; put a long script in a file)")
+    return v
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 2, 60, 60, 4, 4
+
+
+def _show(value: Any) -> str:
+    """A short repr of a user's value: never the whole input (an alias bomb's repr is gigabytes)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        return _REPR.repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line, control characters escaped, at most ``_MAX_MESSAGE`` characters."""
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return out if len(out) <= _MAX_MESSAGE else out[: _MAX_MESSAGE - 3] + "..."
+
+
+def _loc_part(p: Any) -> str:
+    text = str(p)
+    return text if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text) else _show(p)
+
+
 def _format_error(err: ValidationError) -> str:
     errors = err.errors()
     # In a union (``simulate.scaling``) pydantic reports every branch; the most telling error is the
@@ -225,7 +280,7 @@ def _format_error(err: ValidationError) -> str:
     shape = {"literal_error", "missing", "extra_forbidden", "model_type", "dict_type"}
     e = min(errors, key=lambda x: (x["type"] in shape if len(errors) > 1 else False, -len(x["loc"]))) if len(
         {x["loc"][0] if x["loc"] else "" for x in errors}) == 1 else errors[0]
-    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "function-before")))
+    loc = ".".join(_loc_part(p) for p in e["loc"] if not str(p).startswith(("function-after", "function-before")))
     # Pydantic puts union branch names in the location; drop them for a readable path.
     loc = re.sub(r"\.(literal\[[^\]]*\]|SerialFraction|ProfileScaling|str|int|float|list\[.*?\])(?=\.|$)", "", loc)
     msg = e["msg"]
@@ -235,45 +290,111 @@ def _format_error(err: ValidationError) -> str:
     elif e["type"] == "missing":
         msg = "required field is missing"
     elif "input" in e and e["type"] not in ("value_error",):
-        msg = f"{msg} (got {e['input']!r})"
-    return f"spec error: {loc}: {msg}" if loc else f"spec error: {msg}"
+        msg = f"{msg} (got {_show(e['input'])})"
+    return _one_line(f"spec error: {loc}: {msg}" if loc else f"spec error: {msg}")
 
 
 def set_override(data: dict[str, Any], assignment: str) -> None:
     """Apply one ``--set key.path=value`` (value read as YAML) to ``data`` in place."""
     if "=" not in assignment:
-        raise SpecError(f"spec error: --set {assignment!r}: expected key.path=value")
+        raise SpecError(_one_line(f"spec error: --set {_show(assignment)}: expected key.path=value"))
     path, raw = assignment.split("=", 1)
     keys = [k for k in path.strip().split(".")]
     if not all(keys):
-        raise SpecError(f"spec error: --set {assignment!r}: empty key in {path!r}")
+        raise SpecError(_one_line(f"spec error: --set {_show(assignment)}: empty key in {_show(path)}"))
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise SpecError(f"spec error: --set {path}: value is not valid YAML ({_yaml_problem(exc)})") from None
+        raise SpecError(_one_line(f"spec error: --set {path}: value is not valid YAML ({_yaml_problem(exc)})")) from None
     node: Any = data
     for k in keys[:-1]:
         if not isinstance(node, dict):
-            raise SpecError(f"spec error: --set {path}: {k!r} is not inside a mapping")
+            raise SpecError(_one_line(f"spec error: --set {path}: {_show(k)} is not inside a mapping"))
         node = node.setdefault(k, {})
     if not isinstance(node, dict):
-        raise SpecError(f"spec error: --set {path}: parent is not a mapping")
+        raise SpecError(_one_line(f"spec error: --set {path}: parent is not a mapping"))
     node[keys[-1]] = value
+
+
+# The ``context`` of the YAML errors _SpecLoader raises for valid YAML that a spec may not hold (an
+# alias, deep nesting, a huge integer, a duplicate key): they are not syntax errors.
+_REFUSED = "spec bounds"
+
+
+def _refused(problem: str, mark: Any) -> yaml.MarkedYAMLError:
+    return yaml.MarkedYAMLError(context=_REFUSED, problem=problem, problem_mark=mark)
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with the bounds of a spec (see the module doc). Pure Python, so that the
+    composer's hooks run (libyaml composes in C); a spec is small enough for it."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _refused("YAML anchors and aliases are not allowed in a spec", event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _refused(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        digits = sum(c.isalnum() for c in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise _refused(f"an integer of {digits} digits is too large (at most {MAX_INT_DIGITS})", node.start_mark)
+        return super().construct_yaml_int(node)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:
+                continue  # an unhashable key: the constructor refuses it in one line itself
+            if first is not key_node:
+                raise _refused(f"duplicate key {_show(key)} (first at line {first.start_mark.line + 1})",
+                               key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+_SpecLoader.add_constructor("tag:yaml.org,2002:int", _SpecLoader.construct_yaml_int)
+
+
+def _load_yaml(text: str) -> Any:
+    loader = _SpecLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [""])[0]
     if mark is not None:
         return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
     return str(problem)
 
 
 def parse_spec_text(text: str, *, overrides: Iterable[str] = (), source: str = "spec") -> JobSpec:
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(_one_line(f"spec error: {source}: larger than {MAX_SPEC_BYTES} bytes"))
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as exc:
-        raise SpecError(f"spec error: {source}: YAML syntax error: {_yaml_problem(exc)}") from None
+        if getattr(exc, "context", None) == _REFUSED:
+            raise SpecError(_one_line(f"spec error: {source}: {_yaml_problem(exc)}")) from None
+        raise SpecError(_one_line(f"spec error: {source}: YAML syntax error: {_yaml_problem(exc)}")) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -284,7 +405,26 @@ def parse_spec_text(text: str, *, overrides: Iterable[str] = (), source: str = "
     return spec_from_dict(data)
 
 
+def _check_plain(data: Any) -> None:
+    """The bounds the YAML reader keeps, for a spec that came as JSON (the API): depth and integers.
+    Iterative, so that a deep input cannot exhaust the stack here."""
+    stack: list[tuple[Any, int, str]] = [(data, 1, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SpecError(_one_line(f"spec error: {where or 'spec'}: nested deeper than {MAX_DEPTH} levels"))
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
+            raise SpecError(_one_line(f"spec error: {where or 'spec'}: {_show(value)} is too large"))
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1, f"{where}.{_loc_part(k)}" if where else _loc_part(k)) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1, f"{where}.{i}" if where else str(i)) for i, v in enumerate(value))
+
+
 def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
+    _check_plain(data)
     try:
         return JobSpec.model_validate(dict(data))
     except ValidationError as err:
@@ -306,11 +446,15 @@ def load_spec(path: str | Path, *, overrides: Iterable[str] = ()) -> tuple[JobSp
     """Load and validate a spec file. Returns the spec and the absolute workdir it refers to."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise SpecError(_one_line(f"spec error: {path}: larger than {MAX_SPEC_BYTES} bytes"))
+        text = raw.decode()
     except FileNotFoundError:
-        raise SpecError(f"spec error: {path}: no such file") from None
+        raise SpecError(_one_line(f"spec error: {path}: no such file")) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(f"spec error: {path}: cannot read ({exc.__class__.__name__})") from None
+        raise SpecError(_one_line(f"spec error: {path}: cannot read ({exc.__class__.__name__})")) from None
     spec = parse_spec_text(text, overrides=overrides, source=str(path))
     workdir = (p.parent / spec.workdir).resolve()
     if not workdir.is_dir():

@@ -7,50 +7,145 @@
 3. Sweep: make the cloud and the database agree (unsettled launches, unknown instances).
 4. Observe each live job's gang and its progress and cost; ask the policy for every job's allocation
    at once; make the instances match it.
+
+One job's trouble is that job's alone (issue 14, finding 1): each job's part of steps 1 and 4 runs
+contained (``_contained``). An error there other than the cloud's rolls back that job's changes since
+the last commit, is logged and noted on the job (``handling-error``), and the tick goes on for the
+others; the ``MAX_HANDLING_ERRORS``-th such error in a row (nothing else recorded for the job in
+between) fails the job with a one-line reason. A ``ProviderError`` still ends the tick (the cloud's
+trouble is every job's; the next tick retries).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cloud_providers.base import Offering
+from cloud_providers.errors import ProviderError
 
 from .. import accounting
 from ..domain import JobState
 from ..policy import JobView, PolicyInput
-from ..state import InstanceRow, Job
+from ..state import Event, InstanceRow, Job
 from .allocate import apply
 from .budget import budget_guard
 from .context import Context
 from .gangs import observe_gang, on_instance_change
+from .launches import end_job
 from .recovery import sweep
 from .views import job_view
 
+log = logging.getLogger("spotrain.controller")
 
-def _guard_first(ctx: Context) -> None:
-    if not ctx.last_prices:
+MAX_HANDLING_ERRORS = 3
+HANDLING_ERROR = "handling-error"
+T = TypeVar("T")
+
+
+def _contained(ctx: Context, s: Session, job_id: str, part: str, fn: Callable[[], T], *,
+               contain: bool) -> tuple[bool, T | None]:
+    """``(True, fn())`` (one job's ``part`` of the tick), committed; ``(False, None)`` after an error
+    of its own (see the module doc). ``contain=False`` lets every error through."""
+    try:
+        out = fn()
+        s.commit()
+        return True, out
+    except ProviderError:
+        raise
+    except Exception as exc:
+        if not contain:
+            raise
+        s.rollback()
+        log.exception("reconcile: %s of job %s failed", part, job_id)
+        _handling_failed(ctx, s, job_id, part, exc)
+        return False, None
+
+
+def _handling_failed(ctx: Context, s: Session, job_id: str, part: str, exc: Exception) -> None:
+    job = s.get(Job, job_id)
+    if job is None or JobState(job.state).terminal:
         return
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    recent = s.scalars(select(Event.kind).where(Event.job_id == job_id).order_by(Event.id.desc())
+                       .limit(MAX_HANDLING_ERRORS - 1)).all()
+    streak = 1 + next((i for i, kind in enumerate(recent) if kind != HANDLING_ERROR), len(recent))
+    ctx.note(s, job, HANDLING_ERROR, f"{part} failed ({streak} of {MAX_HANDLING_ERRORS} in a row): {what}")
+    s.commit()
+    if streak < MAX_HANDLING_ERRORS:
+        return
+    reason = f"the controller failed to handle the job {streak} times in a row ({part}): {what}"
+    try:
+        end_job(ctx, s, job, JobState.FAILED, reason, why="the controller cannot handle the job")
+        s.commit()
+    except ProviderError:
+        s.rollback()
+        raise
+    except Exception:
+        # Releasing failed too: fail the job as it stands; the sweep releases what it still holds.
+        s.rollback()
+        log.exception("reconcile: ending job %s failed", job_id)
+        job = s.get(Job, job_id)
+        if job is not None and not JobState(job.state).terminal:
+            ctx.transition(s, job, JobState.FAILED, reason)
+            s.commit()
+
+
+def _guard_first(ctx: Context, *, contain: bool) -> set[str]:
+    """The budget guard of every live job; the ids of those whose guard failed (left alone for the
+    rest of the tick: one error per job and tick)."""
+    failed: set[str] = set()
+    if not ctx.last_prices:
+        return failed
     with ctx.store.session() as s:
-        for job in ctx.store.jobs(s, controller_id=ctx.controller_id, live_only=True):
-            rows = ctx.store.instances(s, job.job_id)
-            job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(ctx.provider, rows)
-            budget_guard(ctx, s, job, rows, ctx.last_prices)
+        for job_id in [j.job_id for j in ctx.store.jobs(s, controller_id=ctx.controller_id, live_only=True)]:
+            job = s.get(Job, job_id)
+            if job is None:
+                continue
+            ok, _ = _contained(ctx, s, job_id, "budget guard", partial(_guard_one, ctx, s, job), contain=contain)
+            if not ok:
+                failed.add(job_id)
+    return failed
 
 
-def _observe(ctx: Context, s: Session, jobs: list[Job], by_key: dict[str, Offering]) -> list[JobView]:
+def _guard_one(ctx: Context, s: Session, job: Job) -> None:
+    rows = ctx.store.instances(s, job.job_id)
+    job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(ctx.provider, rows)
+    budget_guard(ctx, s, job, rows, ctx.last_prices)
+
+
+def _observe_one(ctx: Context, s: Session, job: Job, by_key: dict[str, Offering]) -> JobView | None:
+    rows = ctx.store.instances(s, job.job_id)
+    job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(ctx.provider, rows)
+    observe_gang(ctx, s, job, rows)
+    if JobState(job.state).terminal or budget_guard(ctx, s, job, rows, ctx.last_prices):
+        return None
+    return job_view(ctx, job, rows, by_key)
+
+
+def _observe(ctx: Context, s: Session, jobs: list[Job], by_key: dict[str, Offering], *, contain: bool,
+             skip: set[str]) -> list[JobView]:
+    s.commit()  # what the tick did before is not undone by one job's error
     views = []
-    for job in jobs:
-        rows = ctx.store.instances(s, job.job_id)
-        job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(ctx.provider, rows)
-        observe_gang(ctx, s, job, rows)
-        if JobState(job.state).terminal or budget_guard(ctx, s, job, rows, ctx.last_prices):
+    for job_id in [j.job_id for j in jobs if j.job_id not in skip]:
+        job = s.get(Job, job_id)
+        if job is None:
             continue
-        views.append(job_view(ctx, job, rows, by_key))
+        _, view = _contained(ctx, s, job_id, "observing", partial(_observe_one, ctx, s, job, by_key), contain=contain)
+        if view is not None:
+            views.append(view)
     return views
 
 
-def tick(ctx: Context) -> None:
-    _guard_first(ctx)
+def tick(ctx: Context, *, contain: bool = True) -> None:
+    """One tick (see the module doc). ``contain=False``: an error in one job's handling ends the
+    tick instead of being that job's alone."""
+    failed = _guard_first(ctx, contain=contain)
     changed = ctx.provider.poll()
     with ctx.store.session() as s:
         for inst in changed:
@@ -70,7 +165,7 @@ def tick(ctx: Context) -> None:
         ctx.market.observe(now_s, offerings)
         by_key = {o.key: o for o in offerings}
         ctx.last_prices = {o.key: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for o in offerings}
-        views = _observe(ctx, s, jobs, by_key)
+        views = _observe(ctx, s, jobs, by_key, contain=contain, skip=failed)
         if not views:
             return
         all_rows = [r for j in ctx.store.jobs(s, controller_id=ctx.controller_id) for r in ctx.store.instances(s, j.job_id)]
@@ -84,4 +179,5 @@ def tick(ctx: Context) -> None:
             job = s.get(Job, view.job_id)
             alloc = allocations.get(view.job_id)
             if job is not None and alloc is not None:
-                apply(ctx, s, job, alloc, by_key)
+                _contained(ctx, s, view.job_id, "allocating", partial(apply, ctx, s, job, alloc, by_key),
+                           contain=contain)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from sqlalchemy import Table, create_engine, event, inspect, select, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..domain import check_transition
@@ -23,11 +25,34 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     cur.close()
 
 
+def _private_sqlite_file(url: str) -> None:
+    """Create a SQLite database file mode 0600 (narrow one found wider, and its WAL and shared-memory
+    files), before SQLite creates it with the umask's 0644: jobs, costs and the agents' reports are
+    the user's alone (issue 14, finding 11). SQLite gives the -wal and -shm files it makes later the
+    database file's mode."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.is_dir():
+        return  # SQLite's own error says the database cannot be opened
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            os.chmod(p, 0o600)
+
+
 class Database:
     """An engine and transactional sessions over some of the state tables (all of them by default)."""
 
     def __init__(self, url: str, *, tables: list[Table] | None = None) -> None:
         self.url = url
+        if url.startswith("sqlite"):
+            _private_sqlite_file(url)
         self.engine: Engine = create_engine(url, future=True)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
