@@ -10,6 +10,7 @@ needs no cloud account.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,10 @@ def local_cloud(
     def progress_of(job_id: str) -> int | None:
         p = executor.progress(job_id)
         step = p.get("step") if p else None
-        return int(step) if isinstance(step, (int, float)) else None
+        # Only a finite step in range counts: a hostile progress file must not break the market's poll.
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) or not 0 <= step <= 2**53:
+            return None
+        return int(step)
 
     provider = LocalProvider(
         root=root / "cloud", trace=trace, time_scale=scale, scenario=scenario,

@@ -223,9 +223,6 @@ def test_finding1_hostile_progress_file_breaks_neither_the_tick_nor_other_jobs(
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, reason="autoscaler/clouds.py local_cloud.progress_of does int(step) on the progress "
-                                       "file's value: Infinity/NaN raise in LocalProvider.poll for scenario at_step events "
-                                       "(not this test's files; reported to issue 14)")
 def test_finding1_hostile_progress_file_with_an_at_step_scenario(
         spotrain_home: Path, tmp_path: Path, pw_env: None) -> None:
     """Finding 1 (progress file), with a scenario whose events fire at a step: the local cloud reads
