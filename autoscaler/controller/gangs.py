@@ -10,6 +10,7 @@ retried forever).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -22,8 +23,12 @@ from cloud_providers.executor import GangState, WorkerLaunch
 
 from ..domain import JobState
 from ..state import InstanceRow, Job
+from ..state.models import ProgressSample
+from . import outcomes
 from .context import Context
 from .launches import end_job
+
+log = logging.getLogger("spotrain.controller")
 
 # Largest step count a report may carry (a bad report must not overflow the database).
 MAX_STEP = 2**53
@@ -90,7 +95,13 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
     """Read the job's progress and its gang's exit codes, and end, fail or succeed the gang."""
     prog = ctx.executor.progress(job.job_id)
     if prog:
+        ckpt_before = job.last_checkpoint_step
         apply_progress(ctx, job, prog)
+        if job.last_checkpoint_step and job.last_checkpoint_step != ckpt_before:
+            # The progress history `spotrain report` plots, and one log line per checkpoint.
+            s.add(ProgressSample(job_id=job.job_id, ts=ctx.now(), clock_s=ctx.provider.now_s(), step=job.step,
+                                 checkpoint_step=job.last_checkpoint_step))
+            log.info("%s: checkpoint at step %d durable", job.job_id, job.last_checkpoint_step)
     if not job.gang_attempt:
         return
     gang = [r for r in rows if r.attempt == job.gang_attempt]
@@ -105,7 +116,10 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
     all_exited = all(st.state is GangState.EXITED for st in statuses.values())
     bad = {rk: c for rk, c in codes.items() if c not in (protocol.EXIT_DONE, protocol.EXIT_RESCHEDULE)}
     if all_exited and codes and all(c == protocol.EXIT_DONE for c in codes.values()):
-        succeed(ctx, s, job)
+        if outcomes.completion_recorded(ctx.executor.progress(job.job_id)):
+            succeed(ctx, s, job)
+        else:
+            end_job(ctx, s, job, JobState.FAILED, outcomes.incomplete_exit_reason(job), why="workers exited early")
     elif all_exited and not bad:
         gang_ended(ctx, s, job, "workers checkpointed and exited")
     elif bad and not infra:
@@ -197,9 +211,8 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
 
 
 def succeed(ctx: Context, s: Session, job: Job) -> None:
+    """The runtime recorded completion (``outcomes.completion_recorded``): its final weights are the model."""
     apply_progress(ctx, job, ctx.executor.progress(job.job_id) or {})
-    if not job.final_model:
-        job.final_model = f"{job.checkpoint_uri}/final/model.safetensors"
     end_job(ctx, s, job, JobState.SUCCEEDED, "training finished", why="job succeeded")
 
 
@@ -238,13 +251,24 @@ def gang_failed_user(ctx: Context, s: Session, job: Job, gang: list[InstanceRow]
         ctx.executor.stop(r.instance_id)
     _clear_gang(job)
     logfile = ctx.logs_dir(job.job_id) / f"attempt-{job.attempt}-rank-{rank}.log"
-    what = f"rank {rank} exited with code {code} (log: {logfile})"
+    tail = outcomes.traceback_tail(logfile)
+    what = f"rank {rank} exited with code {code}" + (f": {tail[-1].strip()}" if tail else "") + f" (log: {logfile})"
     limit = ctx.spec(job).retries.max_restarts_on_errors
+    early = job.step <= job.gang_start_step
+    if early and outcomes.repeated_early_failure(ctx.store, s, job, code):
+        end_job(ctx, s, job, JobState.FAILED, outcomes.with_tail(
+            f"user code failed: {what}; failed again before its first step with the same exit code, "
+            "so not retried (a deterministic error)", tail))
+        return
+    if early:
+        ctx.note(s, job, outcomes.EARLY_FAILURE, outcomes.early_failure_mark(job, code))
     if job.restarts_on_errors >= limit:
-        end_job(ctx, s, job, JobState.FAILED, f"user code failed: {what}; not retried after {job.restarts_on_errors} restart(s)")
+        end_job(ctx, s, job, JobState.FAILED, outcomes.with_tail(
+            f"user code failed: {what}; not retried after {job.restarts_on_errors} restart(s)", tail))
         return
     job.restarts_on_errors += 1
-    ctx.transition(s, job, JobState.RECOVERING, f"user code failed: {what}; restart {job.restarts_on_errors} of {limit}")
+    ctx.transition(s, job, JobState.RECOVERING, outcomes.with_tail(
+        f"user code failed: {what}; restart {job.restarts_on_errors} of {limit}", tail))
 
 
 def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -> None:

@@ -162,3 +162,18 @@ class AgentProgress(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     progress_json: Mapped[str] = mapped_column(Text, default="{}")
     reported_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class ProgressSample(Base):
+    """The job's step when a new checkpoint became durable (the controller saw it): the history of
+    progress that ``spotrain report`` plots and ``spotrain resume`` names."""
+
+    __tablename__ = "progress_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(80), index=True)
+    # Controller clock, and the provider's clock (the one deadlines and instance times are on).
+    ts: Mapped[float] = mapped_column(Float, default=time.time)
+    clock_s: Mapped[float] = mapped_column(Float, default=0.0)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    checkpoint_step: Mapped[int] = mapped_column(Integer, default=0)
