@@ -48,6 +48,8 @@ class JobSummary(_Answer):
     name: str
     state: JobState
     reason: str
+    error_tail: str | None = Field(
+        default=None, description="The tail of the failing rank's log (its traceback) after a user-code failure")
     cloud: str
     preemptions: int
     restarts_on_errors: int

@@ -437,7 +437,7 @@ class ElasticTrainer:
                 self.checkpoints.wait()
                 url = self.checkpoints.write_final(self.model.state_dict(),
                                                    {"job_id": self.config.job_id, "step": str(self.position.step)})
-                self.progress.update(force=True, final_model=url, step=self.position.step)
+                self.progress.update(force=True, final_model=url, step=self.position.step, completed=True)
                 self._say(f"finished at step {self.position.step}; final weights: {url}")
             self.ctx.barrier()
             code = protocol.EXIT_DONE

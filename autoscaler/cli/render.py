@@ -47,9 +47,11 @@ def summary(j: Mapping[str, Any]) -> str:
     name = j.get("metric_name") or "metric"
     cost = j.get("cost_usd") or 0.0
     od = j.get("on_demand_cost_usd") or 0.0
-    lines = [
-        f"job         {j['job_id']}  ({j['state']})",
-        f"result      {name} = {metric:.4f}" if isinstance(metric, (int, float)) else "result      -",
+    succeeded = j.get("state") == "SUCCEEDED"
+    lines = [f"job         {j['job_id']}  ({j['state']})"]
+    if succeeded:  # a failed job's last metric is not a result
+        lines.append(f"result      {name} = {metric:.4f}" if isinstance(metric, (int, float)) else "result      -")
+    lines += [
         f"wall time   {j.get('wall_s', 0.0):.1f} s",
         f"preemptions {j.get('preemptions', 0)} survived" + (f", {j.get('restarts_on_errors')} restart(s) after errors" if j.get("restarts_on_errors") else ""),
     ]
@@ -57,13 +59,22 @@ def summary(j: Mapping[str, Any]) -> str:
     parts = ", ".join(f"{m} {money(v)}" for m, v in by_market.items())
     lines.append(f"cost        {money(cost)}  ({parts or 'nothing billed'}; billed market time: "
                  f"{(j.get('spot_seconds') or 0) / 3600:.2f} h spot, {(j.get('on_demand_seconds') or 0) / 3600:.2f} h on-demand)")
-    if od > 0:
+    if od > 0 and succeeded:  # savings on work that did not finish are no savings
         lines.append(f"on-demand   {money(od)} for the same instance-hours on-demand: spot saved {100 * (1 - cost / od):.0f}%")
     if j.get("final_model"):
         lines.append(f"model       {j['final_model']}")
-    if j.get("state") != "SUCCEEDED" and j.get("reason"):
+    if not succeeded and j.get("reason"):
         lines.append(f"reason      {j['reason']}")
+    lines.extend(error_tail_lines(j))
     return "\n".join(lines)
+
+
+def error_tail_lines(j: Mapping[str, Any]) -> list[str]:
+    """The failing rank's traceback tail (``error_tail``), indented under the summary."""
+    tail = j.get("error_tail")
+    if not tail or j.get("state") == "SUCCEEDED":
+        return []
+    return ["error tail  (see spotrain logs " + str(j["job_id"]) + ")"] + [f"  | {ln}" for ln in str(tail).splitlines()]
 
 
 def as_json(obj: Any) -> str:

@@ -19,6 +19,7 @@ from ..schemas import JobSummary, Worker
 from ..spec import spec_from_stored
 from ..state import InstanceRow, Job
 from .context import Context
+from .outcomes import split_reason
 
 _USABLE = (InstanceState.RUNNING.value, InstanceState.PENDING.value)
 
@@ -99,11 +100,13 @@ def job_summary(job: Job, rows: Sequence[InstanceRow], *, now: float | None = No
     by_market: dict[str, float] = {}
     for r in rows:
         by_market[r.market] = by_market.get(r.market, 0.0) + r.cost_usd
+    reason, error_tail = split_reason(job.reason or "")
     return JobSummary(
         job_id=job.job_id,
         name=job.name,
         state=JobState(job.state),
-        reason=job.reason,
+        reason=reason,
+        error_tail=error_tail,
         cloud=job.cloud,
         preemptions=job.preemptions,
         restarts_on_errors=job.restarts_on_errors,
