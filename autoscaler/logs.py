@@ -9,11 +9,15 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .errors import JobNotFound
 from .home import logs_dir
-from .state import Store
+
+if TYPE_CHECKING:  # the CLI renders logs without SQLAlchemy (cli/offline.py)
+    from .state import Store
 
 _TAIL_BYTES = 64_000
 
@@ -38,11 +42,15 @@ def job_logs(store: Store, ref: str, *, rank: int | None = None) -> str:
         job = store.job(s, ref)
         if job is None:
             raise JobNotFound(f"no job {ref!r}")
-        job_id = job.job_id
-        lines = [f"== events of {job_id}"]
-        for e in store.events(s, job_id):
-            arrow = f"{e.from_state} -> {e.to_state}" if e.kind == "state" else e.kind
-            lines.append(f"{_fmt_ts(e.ts)}  {arrow:28s} {e.reason}")
+        return render_logs(job.job_id, store.events(s, job.job_id), rank=rank)
+
+
+def render_logs(job_id: str, events: Iterable[Any], *, rank: int | None = None) -> str:
+    """The job's events (any rows with ``ts, kind, from_state, to_state, reason``), then its workers' output."""
+    lines = [f"== events of {job_id}"]
+    for e in events:
+        arrow = f"{e.from_state} -> {e.to_state}" if e.kind == "state" else e.kind
+        lines.append(f"{_fmt_ts(e.ts)}  {arrow:28s} {e.reason}")
     d = logs_dir(job_id)
     files = []
     for f in d.glob("attempt-*-rank-*.log"):

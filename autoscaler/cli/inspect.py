@@ -24,10 +24,16 @@ def _controller_running() -> bool:
 
 
 def _offline_jobs(job_ref: str | None) -> JobSummary | list[JobSummary]:
-    from ..controller import job_summary
-    from ..errors import JobNotFound
+    """From the database: a SQLite file read with ``sqlite3`` (fast), any other URL through the Store."""
     from ..home import db_url
+    from .offline import offline_summaries
+
+    found: JobSummary | list[JobSummary] | None = offline_summaries(db_url(), job_ref)
+    if found is not None:
+        return found
+    from ..errors import JobNotFound
     from ..state import Store
+    from ..summary import job_summary
 
     store = Store(db_url())
     with store.session() as s:
@@ -44,11 +50,12 @@ def _offline_jobs(job_ref: str | None) -> JobSummary | list[JobSummary]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on the last line (a list without JOB).")
 def status_command(job_ref: str | None, as_json: bool) -> None:
     """Show all jobs as a table, or one JOB (id or name) in detail."""
-    from ..client import Client
     from . import render
 
     found: JobSummary | list[JobSummary] | None = None
     if _controller_running():
+        from ..client import Client
+
         try:
             c = Client()
             found = c.job(job_ref) if job_ref else c.jobs()
@@ -73,14 +80,19 @@ def status_command(job_ref: str | None, as_json: bool) -> None:
 @click.option("--rank", type=int, default=None, help="Worker rank whose output to show (default 0).")
 def logs_command(job_ref: str, rank: int | None) -> None:
     """Show JOB's event history and its workers' output."""
-    from ..client import Client
-
     text = None
     if _controller_running():
+        from ..client import Client
+
         try:
             text = Client().logs(job_ref, rank=rank)
         except ControllerUnreachable:
             text = None
+    if text is None:
+        from ..home import db_url
+        from .offline import offline_logs
+
+        text = offline_logs(db_url(), job_ref, rank)
     if text is None:
         from ..home import db_url
         from ..logs import job_logs

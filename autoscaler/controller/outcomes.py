@@ -81,14 +81,6 @@ def with_tail(first_line: str, tail: list[str]) -> str:
     return "\n".join([first_line] + [f"    {ln}" for ln in tail])
 
 
-def split_reason(reason: str) -> tuple[str, str | None]:
-    """A stored reason as (the one-line reason, the log's tail or None)."""
-    first, _, rest = reason.partition("\n")
-    if not rest:
-        return first, None
-    return first, "\n".join(ln[4:] if ln.startswith("    ") else ln for ln in rest.splitlines())
-
-
 def repeated_early_failure(store: Store, s: Session, job: Job, code: int) -> bool:
     """Whether the last failure before a first step (an ``EARLY_FAILURE`` event) failed the same way
     as this one (same exit code, from the same step): retrying again would fail again."""

@@ -1,0 +1,107 @@
+"""``status`` and ``logs`` without a controller: the database under SPOTRAIN_HOME read with the
+standard library's ``sqlite3``, read-only, so that neither imports SQLAlchemy nor the controller (and
+through it the policy's scipy): both answer in a fraction of a second (benchmarks/cli_startup.py).
+
+Rows come back as ``Row`` objects with the ORM models' attribute names (the tables' column names) and
+go through the same ``summary.job_summary`` and ``logs.render_logs`` as the controller's. A database
+URL that is not a SQLite file (``SPOTRAIN_DB_URL=postgresql://...``) is read through the ``Store``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from ..errors import JobNotFound, SpotrainError
+
+_SQLITE = "sqlite:///"
+
+
+class Row:
+    """One row, its columns as attributes."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.__dict__.update(data)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` URL; None for any other URL (read through SQLAlchemy)."""
+    if not url.startswith(_SQLITE) or len(url) == len(_SQLITE):
+        return None
+    return Path(url[len(_SQLITE):].split("?", 1)[0])
+
+
+def _unusable(path: Path, why: str) -> SpotrainError:
+    return SpotrainError(f"the state database is not usable ({why}: {path}); check SPOTRAIN_DB_URL and SPOTRAIN_HOME")
+
+
+class OfflineDb:
+    """The state database, read-only; a missing file is an empty database (nothing was ever run)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn: sqlite3.Connection | None = None
+        if not path.parent.is_dir():
+            raise _unusable(path, "no such directory")
+        if path.exists():
+            try:
+                self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+            except sqlite3.Error as exc:
+                raise _unusable(path, f"{type(exc).__name__}: {exc}") from None
+            self.conn.row_factory = sqlite3.Row
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Row]:
+        if self.conn is None:
+            return []
+        try:
+            return [Row(dict(r)) for r in self.conn.execute(sql, args)]
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []  # a database no controller has written to yet
+            raise _unusable(self.path, f"OperationalError: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise _unusable(self.path, f"{type(exc).__name__}: {exc}") from None
+
+    def jobs(self) -> list[Row]:
+        return self._rows("SELECT * FROM jobs ORDER BY submitted_at")
+
+    def job(self, ref: str) -> Row:
+        """By id, or by name (the newest job of that name), as ``Store.job``."""
+        found = self._rows("SELECT * FROM jobs WHERE job_id = ?", (ref,)) or self._rows(
+            "SELECT * FROM jobs WHERE name = ? ORDER BY submitted_at DESC LIMIT 1", (ref,))
+        if not found:
+            raise JobNotFound(f"no job {ref!r}")
+        return found[0]
+
+    def instances(self, job_id: str) -> list[Row]:
+        return self._rows("SELECT * FROM instances WHERE job_id = ? ORDER BY launched_at_s, instance_id", (job_id,))
+
+    def events(self, job_id: str) -> list[Row]:
+        return self._rows("SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,))
+
+
+def offline_summaries(url: str, job_ref: str | None) -> Any:
+    """The JobSummary of ``job_ref``, or the list of all; None when ``url`` is not a SQLite file."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    from ..summary import job_summary
+
+    db = OfflineDb(path)
+    if job_ref is None:
+        return [job_summary(j, db.instances(j.job_id)) for j in db.jobs()]
+    j = db.job(job_ref)
+    return job_summary(j, db.instances(j.job_id))
+
+
+def offline_logs(url: str, job_ref: str, rank: int | None) -> str | None:
+    """``spotrain logs`` from the database file; None when ``url`` is not a SQLite file."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    from ..logs import render_logs
+
+    db = OfflineDb(path)
+    j = db.job(job_ref)
+    return render_logs(j.job_id, db.events(j.job_id), rank=rank)
