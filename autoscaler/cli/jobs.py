@@ -27,7 +27,21 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool) ->
 @click.argument("job_ref", metavar="JOB")
 def cancel_command(job_ref: str) -> None:
     """Cancel JOB (id or name) and release its instances."""
+    _require_controller()
     from ..client import Client
 
     job = Client().cancel(job_ref)
     click.echo(f"{job.job_id}: {job.state.value}")
+
+
+def _require_controller() -> None:
+    """With no controller recorded (and no SPOTRAIN_CONTROLLER_URL) say so at once, before the HTTP
+    client is even imported: ``cancel`` answers in a fraction of a second either way."""
+    import os
+
+    from ..errors import ControllerUnreachable
+    from ..home import read_controller_info
+
+    if not os.environ.get("SPOTRAIN_CONTROLLER_URL") and read_controller_info() is None:
+        raise ControllerUnreachable("cannot reach the controller: none is running "
+                                    "(start it with `spotrain controller start`)")
