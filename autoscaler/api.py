@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,16 +37,17 @@ from cloud_providers.errors import ProviderError
 
 from .api_agents import AGENT_PATHS, agent_gate_for, agent_router_for
 from .controller import Controller, job_summary
-from .domain import IllegalTransition
+from .dashboard import LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
+from .domain import IllegalTransition, JobState
 from .errors import AuthError, Conflict, DomainError, JobNotFound, SpecError, SpotrainError
-from .logs import job_logs
+from .logs import job_logs, read_output
 from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
 from .spec import spec_from_dict
 
 # Bounds of one request: the API's bodies (a spec, an agent's report) are a few kB.
 MAX_BODY_BYTES = 1024 * 1024
 BODY_TIMEOUT_S = 30.0
-PUBLIC_PATHS = frozenset({"/healthz"})
+PUBLIC_PATHS = frozenset({"/healthz", LOGIN_PATH})
 
 # Each error type's HTTP status; a type not listed takes its nearest listed base's.
 ERROR_STATUS: dict[type[Exception], int] = {
@@ -101,14 +102,15 @@ def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
 class RequestGuard:
     """ASGI middleware: credentials from the headers, then a bounded, timed body, then the app.
 
-    ``authorized(path, authorization_header)`` decides from the headers alone; a refused request gets
-    its 401 with no byte of its body read (``connection: close``: the rest is never read). A body is
+    ``authorized(path, headers)`` decides from the headers alone; a refused request gets its 401
+    with no byte of its body read (``connection: close``: the rest is never read), or under
+    ``login_prefix`` (the dashboard's pages, for a browser) a redirect to ``login_path``. A body is
     read here, whole, at most ``max_body_bytes`` within ``body_timeout_s``, and handed to the app from
     memory, so the app never waits on a slow client or holds more than the limit.
     """
 
-    def __init__(self, app: ASGIApp, *, authorized: Callable[[str, str], bool], public_paths: Collection[str],
-                 max_body_bytes: int, body_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, authorized: Callable[[str, Headers], bool], public_paths: Collection[str],
+                 max_body_bytes: int, body_timeout_s: float, login_prefix: str = PREFIX, login_path: str = LOGIN_PATH) -> None:
         if max_body_bytes < 0 or body_timeout_s <= 0:
             raise ValueError("max_body_bytes must be >= 0 and body_timeout_s > 0")
         self.app = app
@@ -116,14 +118,19 @@ class RequestGuard:
         self.public_paths = frozenset(public_paths)
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.login_prefix, self.login_path = login_prefix, login_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if scope["path"] not in self.public_paths and not self.authorized(scope["path"], headers.get("authorization", "")):
-            await self._refuse(scope, receive, send, 401, "invalid or missing API token", "AuthError")
+        path = scope["path"]
+        if path not in self.public_paths and not self.authorized(path, headers):
+            if path == self.login_prefix or path.startswith(self.login_prefix + "/"):
+                await RedirectResponse(self.login_path, status_code=303, headers={"connection": "close"})(scope, receive, send)
+            else:
+                await self._refuse(scope, receive, send, 401, "invalid or missing API token", "AuthError")
             return
         length = headers.get("content-length")
         if length is None and "transfer-encoding" not in headers:
@@ -178,22 +185,68 @@ class RequestGuard:
         await response(scope, receive, send)
 
 
-def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
-    """The controller's app. ``max_body_bytes`` and ``body_timeout_s`` bound each request's body."""
-    app = FastAPI(title="spotrain controller", version="1")
-    install_error_handlers(app)
-    started = time.time()
+def _install_follow_endpoints(app: FastAPI, controller: Controller, auth: Callable[[Request], None]) -> Callable[[str], bytes]:
+    """Resume, a worker's output by offset (``spotrain logs -f``) and the report picture; returns the
+    picture's renderer (the dashboard shows it too)."""
+
+    @app.post("/v1/jobs/{ref}/resume", dependencies=[Depends(auth)], response_model=JobSummary,
+              responses=_refusals(404, 409, 422))
+    def resume(ref: str) -> Any:
+        """Submit the continuation of a cancelled or failed job, from its last checkpoint."""
+        from .resume import resume_job
+
+        return resume_job(controller, ref)
+
+    @app.get("/v1/jobs/{ref}/output", dependencies=[Depends(auth)], response_class=Response, responses=_refusals(404))
+    def output(ref: str, attempt: int, rank: int = 0, offset: int = 0) -> Response:
+        """Bytes of a worker's log from ``offset`` (``x-next-offset``: where to ask from next)."""
+        job_id = controller.job_info(ref)["job_id"]
+        data, nxt = read_output(job_id, attempt=attempt, rank=rank, offset=offset)
+        return Response(data, media_type="application/octet-stream", headers={"x-next-offset": str(nxt)})
+
+    def report_png(ref: str) -> bytes:
+        from .report import report_png as render
+
+        info = controller.job_info(ref)
+        own_live = not JobState(info["state"]).terminal and info.get("cloud") == controller.provider.name
+        return render(controller.store, info["job_id"], now_clock_s=controller.provider.now_s() if own_live else None)
+
+    @app.get("/v1/jobs/{ref}/report.png", dependencies=[Depends(auth)], response_class=Response, responses=_refusals(404))
+    def report(ref: str) -> Response:
+        """The job's report picture (PNG): progress against the deadline, workers by market, cost."""
+        return Response(report_png(ref), media_type="image/png")
+
+    return report_png
+
+
+def _credentials(controller: Controller, token: str) -> tuple[Callable[[str], bool], Callable[[str, Headers], bool]]:
+    """``has_token(authorization)``, and the guard's ``authorized(path, headers)``: the token, an
+    agent's credential on the agents' paths, or the dashboard's cookie on the dashboard's pages (and
+    there only: it never opens the API)."""
     expected = f"Bearer {token}".encode()
     agent_gate = agent_gate_for(controller)
 
     def has_token(authorization: str) -> bool:
         return hmac.compare_digest(authorization.encode(), expected)
 
-    def authorized(path: str, authorization: str) -> bool:
+    def authorized(path: str, headers: Headers) -> bool:
+        authorization = headers.get("authorization", "")
         if agent_gate is not None and path in AGENT_PATHS:
             return agent_gate(authorization)
-        return has_token(authorization)
+        if has_token(authorization):
+            return True
+        return (path == PREFIX or path.startswith(PREFIX + "/")) and cookie_token_ok(headers.get("cookie", ""), token)
+
+    return has_token, authorized
+
+
+def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
+    """The controller's app. ``max_body_bytes`` and ``body_timeout_s`` bound each request's body."""
+    app = FastAPI(title="spotrain controller", version="1")
+    install_error_handlers(app)
+    started = time.time()
+    has_token, authorized = _credentials(controller, token)
 
     app.add_middleware(RequestGuard, authorized=authorized, public_paths=PUBLIC_PATHS, max_body_bytes=max_body_bytes,
                        body_timeout_s=body_timeout_s)
@@ -255,5 +308,7 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
 
         return render_metrics(controller.store)
 
+    report_png = _install_follow_endpoints(app, controller, auth)
     app.include_router(agent_router_for(controller))
+    app.include_router(dashboard_router(controller, token, report_png))
     return app

@@ -99,6 +99,18 @@ class Client:
     def cancel(self, ref: str) -> JobSummary:
         return self._parse(JobSummary, self._call("POST", f"/v1/jobs/{ref}/cancel"))
 
+    def resume(self, ref: str) -> JobSummary:
+        return self._parse(JobSummary, self._call("POST", f"/v1/jobs/{ref}/resume"))
+
+    def report_png(self, ref: str) -> bytes:
+        return self._call("GET", f"/v1/jobs/{ref}/report.png").content
+
+    def output(self, ref: str, *, attempt: int, rank: int = 0, offset: int = 0) -> tuple[bytes, int]:
+        """Output of worker ``rank`` of gang ``attempt`` from byte ``offset`` of its log, at most
+        ``logs.CHUNK_BYTES``: (bytes, the offset to ask from next)."""
+        r = self._call("GET", f"/v1/jobs/{ref}/output", params={"attempt": attempt, "rank": rank, "offset": offset})
+        return r.content, int(r.headers.get("x-next-offset", offset + len(r.content)))
+
 
 def _error_body(r: httpx.Response) -> ErrorBody:
     """The refusal's ``ErrorBody``; FastAPI's own bodies (``{"detail": ...}``, a list for a request it

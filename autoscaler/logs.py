@@ -65,3 +65,26 @@ def render_logs(job_id: str, events: Iterable[Any], *, rank: int | None = None) 
             data = f"(cannot read {f.name}: {exc.strerror or exc})".encode()
         lines.append(data.decode(errors="replace").rstrip())
     return "\n".join(lines) + "\n"
+
+
+# The most one ``read_output`` call returns (``spotrain logs -f`` asks again for the rest).
+CHUNK_BYTES = 256_000
+
+
+def worker_log(job_id: str, attempt: int, rank: int) -> Path:
+    return logs_dir(job_id) / f"attempt-{int(attempt)}-rank-{int(rank)}.log"
+
+
+def read_output(job_id: str, *, attempt: int, rank: int, offset: int, limit: int = CHUNK_BYTES) -> tuple[bytes, int]:
+    """Bytes ``offset`` .. ``offset + limit`` of a worker's log (none yet: empty), and the offset to
+    read from next. A log that shrank (rewritten) is read again from its start."""
+    path = worker_log(job_id, attempt, rank)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = offset if 0 <= offset <= size else 0
+            f.seek(start)
+            data = f.read(max(0, min(limit, CHUNK_BYTES)))
+    except FileNotFoundError:
+        return b"", max(0, offset)
+    return data, start + len(data)

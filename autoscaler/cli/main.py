@@ -21,6 +21,7 @@ COMMANDS = {
     "cancel": ("autoscaler.cli.jobs", "Cancel a job and release its instances."),
     "estimate": ("autoscaler.cli.estimate", "Predict a job's cost and finish time from the simulator."),
     "simulate": ("autoscaler.cli.simulate", "Replay a market trace with a policy in virtual time."),
+    "report": ("autoscaler.cli.report", "Write a job's report picture (PNG): progress, workers by market, cost."),
 }
 
 

@@ -1,0 +1,114 @@
+"""The controller's dashboard (``/ui``) in a real headless Chromium, driven by Selenium.
+
+Debian's ``chromium`` and ``chromium-driver`` packages (``.ci/run`` installs them): the test skips
+only where no Chromium is installed. The page logs in with the API token (a form), lists the job,
+and shows its report picture (the browser decoded a PNG of the expected size).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support import run_cli, start_controller, write_pw_spec
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET"}
+
+
+def wait_done(url: str, token: str, job_id: str, timeout_s: float = 40) -> dict:
+    deadline = time.time() + timeout_s
+    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"}) as c:
+        while time.time() < deadline:
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            if job["state"] in TERMINAL:
+                return job
+            time.sleep(0.2)
+    raise AssertionError(f"{job_id} did not end")
+
+
+def chrome(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    driver_path = shutil.which("chromedriver")
+    assert driver_path, "chromium is installed but chromedriver is not (Debian: apt-get install chromium-driver)"
+    opts = Options()
+    opts.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1200,1000"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
+
+
+def test_the_dashboard_cookie_opens_ui_pages_only(spotrain_home: Path, tmp_path: Path) -> None:
+    """Without a browser: the login form sets the cookie; it opens /ui, never the API."""
+    ctl = start_controller(spotrain_home)
+    try:
+        url = json.loads((spotrain_home / "controller.json").read_text())["url"]
+        token = (spotrain_home / "token").read_text().strip()
+        with httpx.Client(base_url=url) as c:
+            r = c.get("/ui")
+            assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+            assert c.get("/ui/login").status_code == 200
+            bad = c.post("/ui/login", content="token=wrong", headers={"content-type": "application/x-www-form-urlencoded"})
+            assert bad.status_code == 401 and "spotrain_token" not in bad.headers.get("set-cookie", "")
+            ok = c.post("/ui/login", content=f"token={token}", headers={"content-type": "application/x-www-form-urlencoded"})
+            assert ok.status_code == 303 and "HttpOnly" in ok.headers["set-cookie"]
+            cookie = {"cookie": f"spotrain_token={token}"}
+            assert c.get("/ui", headers=cookie).status_code == 200
+            assert c.get("/v1/jobs", headers=cookie).status_code == 401
+            assert c.get("/ui", headers={"cookie": "spotrain_token=wrong"}).status_code == 303
+    finally:
+        ctl.terminate()
+        ctl.wait(timeout=30)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (CI installs Debian's chromium in .ci/run)")
+def test_dashboard_in_headless_chromium(spotrain_home: Path, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    ctl = start_controller(spotrain_home, env={"PW_STEPS": "15", "PW_STEP_S": "0.05"})
+    driver = None
+    try:
+        url = json.loads((spotrain_home / "controller.json").read_text())["url"]
+        token = (spotrain_home / "token").read_text().strip()
+        r = run_cli("submit", str(write_pw_spec(tmp_path, name="dash")), "--json")
+        assert r.returncode == 0, r.stderr
+        job_id = json.loads(r.stdout.strip().splitlines()[-1])["job_id"]
+        assert wait_done(url, token, job_id)["state"] == "SUCCEEDED"
+
+        driver = chrome(tmp_path)
+        driver.set_page_load_timeout(30)
+        driver.get(url + "/ui")
+        assert driver.current_url.endswith("/ui/login")  # no cookie yet: the login form
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.ID, "login").click()
+        deadline = time.time() + 10
+        while time.time() < deadline and not driver.find_elements(By.ID, "jobs"):
+            time.sleep(0.1)
+        assert driver.current_url.rstrip("/").endswith("/ui"), driver.page_source[-500:]
+        rows = driver.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
+        assert [row.find_element(By.TAG_NAME, "a").text for row in rows] == [job_id]
+        assert "SUCCEEDED" in rows[0].text and "15/15" in rows[0].text
+        rows[0].find_element(By.TAG_NAME, "a").click()
+        assert job_id in driver.find_element(By.TAG_NAME, "h1").text
+        img = driver.find_element(By.ID, "report")
+        deadline = time.time() + 20
+        while time.time() < deadline and not driver.execute_script("return arguments[0].complete", img):
+            time.sleep(0.2)
+        # The browser fetched and decoded the PNG (with the cookie alone): the picture is on the page.
+        assert driver.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight]", img) == [900, 800]
+        assert "SUCCEEDED" in driver.find_element(By.ID, "events").text
+    finally:
+        if driver is not None:
+            driver.quit()
+        ctl.terminate()
+        ctl.wait(timeout=30)
