@@ -201,11 +201,27 @@ class Simulate(_Strict):
     scaling: Union[Literal["linear"], SerialFraction, ProfileScaling] = "linear"
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by the controller and the runtime's protocol: a spec's ``envs`` may not set them.
+_RESERVED_ENV = ("SPOTRAIN_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+MAX_ENVS_BYTES = 32 * 1024
+
+
+def _env_value(name: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (str, int, float)):
+        return str(v)
+    raise ValueError(f"{name}: {_show(v)} is not a string or number")
+
+
 class JobSpec(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     workdir: str = "."
     setup: str | None = None
     run: str
+    # Environment variables for every worker (and ``setup``), e.g. ``{EPOCHS: 3}``.
+    envs: dict[str, str] = Field(default_factory=dict)
     resources: Resources
     workers: Workers = Field(default_factory=Workers)
     training: Training = Field(default_factory=Training)
@@ -225,6 +241,24 @@ class JobSpec(_Strict):
     @classmethod
     def _setup_fits(cls, v: str | None) -> str | None:
         return None if v is None else _fits_command_line(v)
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, v: Any) -> Any:
+        if v is None:
+            return {}
+        if not isinstance(v, Mapping):
+            raise ValueError("must be a mapping of NAME: value, e.g. {EPOCHS: 3}")
+        out: dict[str, str] = {}
+        for name, value in v.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise ValueError(f"{_show(name)} is not an environment variable name (letters, digits, _)")
+            if name.upper().startswith(_RESERVED_ENV[0]) or name in _RESERVED_ENV[1:]:
+                raise ValueError(f"{name} is set by spotrain itself")
+            out[name] = _env_value(name, value)
+        if sum(len(k) + len(x) + 2 for k, x in out.items()) > MAX_ENVS_BYTES:
+            raise ValueError(f"larger than {MAX_ENVS_BYTES} bytes")
+        return out
 
     @model_validator(mode="after")
     def _workers_fit_logical(self) -> "JobSpec":
@@ -286,12 +320,31 @@ def _format_error(err: ValidationError) -> str:
     msg = e["msg"]
     msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
     if e["type"] == "extra_forbidden":
-        msg = "unknown field"
+        msg = "unknown field" + _did_you_mean([str(p) for p in e["loc"]])
     elif e["type"] == "missing":
         msg = "required field is missing"
     elif "input" in e and e["type"] not in ("value_error",):
         msg = f"{msg} (got {_show(e['input'])})"
     return _one_line(f"spec error: {loc}: {msg}" if loc else f"spec error: {msg}")
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _did_you_mean(loc: list[str]) -> str:
+    """`` (did you mean X?)`` for an unknown field close to a known one of the same section."""
+    import difflib
+
+    model: Any = JobSpec
+    for part in loc[:-1]:
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        sub = getattr(field, "annotation", None) if field is not None else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return ""
+        model = sub
+    close = difflib.get_close_matches(loc[-1] if loc else "", _field_names(model), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def set_override(data: dict[str, Any], assignment: str) -> None:

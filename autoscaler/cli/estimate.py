@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -60,6 +61,8 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
         "finished_share": float(len(done) / len(results)),
         "on_demand_equivalent_usd": float(np.median(od)),
         "restart_overhead_s": job.restart_overhead_s,
+        "work_gpu_hours": spec.simulate.work_gpu_hours,
+        "work_gpu_hours_source": work_source(spec, overrides),
     }
     if as_json:
         click.echo(json.dumps(out, sort_keys=True))
@@ -67,6 +70,7 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
     c = out["cost_usd"]
     click.echo(f"{spec.name}: cost ${c['median']:.2f} (range ${c['p10']:.2f}-${c['p90']:.2f}) over {len(results)} simulated starts, "
                f"restart overhead {job.restart_overhead_s / 60:.1f} min")
+    click.echo(work_line(spec.simulate.work_gpu_hours, str(out["work_gpu_hours_source"])))
     if len(done) < len(results):
         click.echo(f"{len(results) - len(done)} of {len(results)} runs did not finish ({out['failed_budget_share']:.0%} stopped by the budget); "
                    + ("the cost range is over the runs that did" if done else "the cost range is what they spent"))
@@ -74,9 +78,24 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
     if f is None:
         click.echo("finish: never within the simulated horizon")
     else:
-        click.echo(f"finish: {f['median']:.2f} h after submission (range {f['p10']:.2f}-{f['p90']:.2f} h)")
+        click.echo(f"finish: {f['median']:.2f} h of wall-clock (market) time after submission "
+                   f"(range {f['p10']:.2f}-{f['p90']:.2f} h)")
     d = out["deadline_hours"]
     click.echo("deadline: none" if d is None else f"deadline {d:g} h: met in {out['deadline_met_share']:.0%} of runs")
     if out["budget_usd"] is not None:
         click.echo(f"budget ${out['budget_usd']:g}: {out['failed_budget_share']:.0%} of runs would stop FAILED_BUDGET")
     click.echo("(median, and 10th-90th percentile range over the simulated starts)")
+
+
+def work_source(spec: Any, overrides: tuple[str, ...]) -> str:
+    """Where ``simulate.work_gpu_hours`` came from: ``--set``, ``spec`` or ``default``."""
+    if any(o.replace(" ", "").startswith("simulate.work_gpu_hours=") for o in overrides):
+        return "--set"
+    return "spec" if "work_gpu_hours" in spec.simulate.model_fields_set else "default"
+
+
+def work_line(hours: float, source: str) -> str:
+    where = {"--set": "from --set simulate.work_gpu_hours",
+             "spec": "from the spec's simulate.work_gpu_hours",
+             "default": "the default: the spec sets no simulate.work_gpu_hours; measure your job and set it"}[source]
+    return f"work: {hours:g} GPU-hours on one reference GPU ({where})"

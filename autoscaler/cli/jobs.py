@@ -9,8 +9,14 @@ import click
 @click.argument("spec_path", metavar="SPEC")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a spec field (value read as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON on the last line.")
-def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool) -> None:
+@click.option("--dry-run", is_flag=True, help="Validate SPEC and show what would be submitted; contact no controller.")
+def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool, dry_run: bool) -> None:
     """Validate SPEC and submit it to the controller."""
+    if dry_run:
+        from .start import check_and_describe
+
+        check_and_describe(spec_path, overrides, as_json, "valid; dry run, nothing submitted")
+        return
     from ..client import Client
     from ..spec import load_spec
     from . import render

@@ -15,7 +15,10 @@ import click
 COMMANDS = {
     "run": ("autoscaler.cli.run", "Run a job on an embedded controller and the local cloud, follow it to the end."),
     "controller": ("autoscaler.cli.controller", "Run the controller service."),
-    "submit": ("autoscaler.cli.jobs", "Submit a job to the running controller."),
+    "init": ("autoscaler.cli.start", "Write a job.yaml and train.py skeleton that run as they are."),
+    "validate": ("autoscaler.cli.start", "Check a job spec without running it."),
+    "offerings": ("autoscaler.cli.offerings", "List offerings with on-demand and spot prices and availability."),
+    "submit": ("autoscaler.cli.jobs", "Submit a job to the running controller (--dry-run: validate only)."),
     "status": ("autoscaler.cli.inspect", "Show jobs (a table), or one job."),
     "logs": ("autoscaler.cli.inspect", "Show a job's events and worker output."),
     "cancel": ("autoscaler.cli.jobs", "Cancel a job and release its instances."),

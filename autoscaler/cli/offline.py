@@ -24,6 +24,9 @@ class Row:
     def __init__(self, data: dict[str, Any]) -> None:
         self.__dict__.update(data)
 
+    def __getattr__(self, name: str) -> Any:  # only for a column the row lacks
+        raise AttributeError(name)
+
 
 def sqlite_path(url: str) -> Path | None:
     """The file of a ``sqlite:///PATH`` URL; None for any other URL (read through SQLAlchemy)."""

@@ -292,6 +292,7 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -
     # ranks rendezvous on different ports and the gang hangs.
     s.commit()
     env = {
+        **spec.envs,  # the spec's own (never a protocol name: the spec refuses those)
         protocol.ENV_JOB_ID: job.job_id,
         protocol.ENV_ATTEMPT: str(job.attempt),
         protocol.ENV_CHECKPOINT_URI: job.checkpoint_uri,
