@@ -12,13 +12,19 @@ as in AdaptDL's ``GradientNoiseScale`` (Qiao et al., "Pollux", OSDI'21; Johnson 
 "AdaScale SGD", ICML'20), smoothed by a bias-corrected EMA with factor ``smoothing ** (B/M0)``.
 ``grad_var`` is at the initial batch size so that ``cost_models.goodput.efficiency`` reads
 ``(var/sqr*M0 + M0) / (var/sqr*M0 + M)`` = (phi + M0)/(phi + M) with phi the noise scale in samples.
-Nothing can be estimated from one logical worker, so K = 1 reports no statistics.
+``estimate`` needs K >= 2 (it returns None for K = 1). With one logical worker, ``ConsecutiveSteps``
+estimates the same statistics as AdaptDL does, from two consecutive steps' gradients taken as the two
+samples (``estimate_consecutive``): unbiased while the expected gradient barely moves between steps,
+biased towards more variance when it moves fast, so prefer K >= 2 where there is a choice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 
 def estimate(*, local_sqr: float, total_sqr: float, logical_workers: int, global_batch_size: int,
@@ -32,6 +38,56 @@ def estimate(*, local_sqr: float, total_sqr: float, logical_workers: int, global
     var_micro = (local_sqr - total_sqr) * k / (k - 1)
     grad_var = var_micro * micro / init_batch_size
     return max(grad_sqr, 0.0), max(grad_var, 1e-12)
+
+
+def estimate_consecutive(*, prev_sqr: float, cur_sqr: float, mean_sqr: float, batch_size: int,
+                         init_batch_size: int) -> tuple[float, float]:
+    """(grad_sqr, grad_var) from two consecutive steps at one batch size (AdaptDL's differenced estimator).
+
+    ``prev_sqr`` = |g_prev|^2, ``cur_sqr`` = |g_cur|^2, ``mean_sqr`` = |(g_prev + g_cur) / 2|^2, each
+    gradient the mean over ``batch_size`` examples: the K = 2 estimate over a batch of 2 * batch_size.
+    """
+    est = estimate(local_sqr=(prev_sqr + cur_sqr) / 2, total_sqr=mean_sqr, logical_workers=2,
+                   global_batch_size=2 * batch_size, init_batch_size=init_batch_size)
+    assert est is not None
+    return est
+
+
+def _norm_sqr(grads: Sequence[Any]) -> float:
+    total = 0.0
+    for g in grads:
+        if hasattr(g, "detach"):  # a torch tensor: sum its squares in float64, on its device
+            total += float(g.detach().double().pow(2).sum())
+        else:
+            total += float(np.sum(np.square(np.asarray(g, dtype=np.float64))))
+    return total
+
+
+class ConsecutiveSteps:
+    """One logical worker's gradient statistics from consecutive steps (AdaptDL's ``_prev_grads``).
+
+    ``update(grads, ...)`` takes the step's averaged gradients (torch tensors or numpy arrays, one per
+    parameter, already unscaled); it keeps a copy and returns the estimate from it and the previous
+    step's, or None on the first step and whenever the batch size changed in between (the two samples
+    must share one batch). The copy is not checkpointed: after a restore the first step yields nothing.
+    """
+
+    def __init__(self) -> None:
+        self._prev: list[Any] | None = None
+        self._prev_batch: int | None = None
+
+    def reset(self) -> None:
+        self._prev, self._prev_batch = None, None
+
+    def update(self, grads: Sequence[Any], *, batch_size: int, init_batch_size: int) -> tuple[float, float] | None:
+        cur = [g.detach().clone() if hasattr(g, "detach") else np.array(g, dtype=np.float64) for g in grads]
+        prev, prev_batch = self._prev, self._prev_batch
+        self._prev, self._prev_batch = cur, batch_size
+        if prev is None or prev_batch != batch_size or len(prev) != len(cur):
+            return None
+        mean = [(a + b) / 2 for a, b in zip(prev, cur)]
+        return estimate_consecutive(prev_sqr=_norm_sqr(prev), cur_sqr=_norm_sqr(cur), mean_sqr=_norm_sqr(mean),
+                                    batch_size=batch_size, init_batch_size=init_batch_size)
 
 
 @dataclass
