@@ -131,3 +131,36 @@ def test_estimate_says_where_work_gpu_hours_came_from(tmp_path: Path) -> None:
     assert data["work_gpu_hours"] == 0.5 and data["work_gpu_hours_source"] == "--set"
     spec.write_text(BASE + "simulate: {work_gpu_hours: 0.25}\n")
     assert json.loads(invoke("estimate", str(spec), "--runs", "2", "--json")[1])["work_gpu_hours_source"] == "spec"
+
+
+def test_docs_spec_md_is_generated_from_the_model() -> None:
+    from autoscaler.spec_doc import render
+
+    assert (REPO / "docs" / "spec.md").read_text() == render(), "run: python -m autoscaler.spec_doc > docs/spec.md"
+
+
+def test_docs_cli_md_covers_every_command_option_and_exit_code() -> None:
+    import click
+
+    from autoscaler import errors
+    from autoscaler.cli.main import COMMANDS
+
+    text = (REPO / "docs" / "cli.md").read_text()
+    ctx = click.Context(cli)
+    missing = []
+    for name in COMMANDS:
+        if f"## `spotrain {name}" not in text:
+            missing.append(f"section spotrain {name}")
+        cmd = cli.get_command(ctx, name)
+        assert cmd is not None
+        subs = list(cmd.commands.values()) if isinstance(cmd, click.Group) else [cmd]
+        for sub in subs:
+            if isinstance(cmd, click.Group) and f"`spotrain {name} {sub.name}" not in text and sub.name not in text:
+                missing.append(f"spotrain {name} {sub.name}")
+            for p in sub.params:
+                missing += [f"{name} {sub.name} {o}" for o in p.opts if o.startswith("--") and o != "--help"
+                            and f"`{o}" not in text]
+    assert missing == [], f"docs/cli.md lacks: {missing}"
+    codes = {c.exit_code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.SpotrainError)}
+    for code in codes | {0, 130}:
+        assert f"\n| {code} |" in text, f"exit code {code} is not in docs/cli.md's table"
