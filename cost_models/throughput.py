@@ -28,9 +28,10 @@ both in log space (a 10 % miss weighs the same on a small and a large configurat
 the loss is robust (soft L1 with a 5 % scale: a few placements that run 30 % slow for reasons the model
 has no term for do not drag the rest) and starts from several overlaps (the loss is not convex in
 gamma). Parameters the data cannot identify are pinned to zero, as AdaptDL does: the inter-node terms
-without multi-node rows, the intra-node terms without single-node multi-GPU rows, both retrogression
-terms without rows of more than two replicas, ``delta_n`` without multi-node rows at two node counts
-with several GPUs on a node; with one per-GPU batch size only, alpha_c is pinned to half the compute time.
+without multi-node rows, the intra-node terms without single-node multi-GPU rows, a retrogression
+term without its link measured at two replica counts (AdaptDL: without rows of more than two
+replicas), ``delta_n`` without multi-node rows at two node counts with several GPUs on a node; with
+one per-GPU batch size only, alpha_c is pinned to half the compute time.
 """
 
 from __future__ import annotations
@@ -224,13 +225,16 @@ def _check_rows(nodes: ArrayLike, replicas: ArrayLike, local_bsz: ArrayLike, ste
 def _identifiable(n: _FloatArray, k: _FloatArray, m: _FloatArray) -> NDArray[np.bool_]:
     """Which of the eight parameters the rows can identify; the others are pinned (AdaptDL)."""
     free = np.ones(_N_PARAMS, dtype=bool)
-    multi = n > 1
+    multi, intra = n > 1, (n == 1) & (k > 1)
     if not multi.any():
         free[[2, 3, 7]] = False
-    if not ((n == 1) & (k > 1)).any():
+    if not intra.any():
         free[[4, 5]] = False
-    if not (k > 2).any():
-        free[[3, 5]] = False
+    # A retrogression term needs its link measured at two replica counts (one of them then above 2).
+    if np.unique(k[multi]).size < 2:
+        free[3] = False
+    if np.unique(k[intra]).size < 2:
+        free[5] = False
     if np.unique(n[multi & (k > n)]).size < 2:
         free[7] = False
     if np.unique(m).size < 2:

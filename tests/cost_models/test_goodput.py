@@ -80,6 +80,10 @@ def test_fit_pins_what_the_data_cannot_identify() -> None:
     assert p.alpha_r > 0 and p.beta_r > 0
     one = ThroughputModel.fit(np.ones(4), np.ones(4), bsz[:4], true.grad_time(bsz[:4]), np.zeros(4)).params
     assert one.alpha_n == one.beta_n == one.alpha_r == one.beta_r == 0.0  # one GPU: no network at all
+    # Each link measured at one replica count only: alpha alone explains it, its beta stays 0.
+    two = ThroughputModel.fit(np.array([1.0, 1, 2]), np.array([1.0, 2, 4]), np.full(3, 8.0), np.array([0.1, 0.12, 0.3]),
+                              np.array([0.0, 0.02, 0.2])).params
+    assert two.beta_r == two.beta_n == 0.0 and two.alpha_r > 0 and two.alpha_n > 0
     # One per-GPU batch size: alpha_c is pinned to half the compute time (AdaptDL), beta_c takes the rest.
     same = ThroughputModel.fit(np.ones(3), np.array([1.0, 2, 4]), np.full(3, 32.0), t[[1, 5, 9]],
                                t[[1, 5, 9]] - true.grad_time(32.0)).params
