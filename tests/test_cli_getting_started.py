@@ -134,9 +134,9 @@ def test_estimate_says_where_work_gpu_hours_came_from(tmp_path: Path) -> None:
 
 
 def test_docs_spec_md_is_generated_from_the_model() -> None:
-    from autoscaler.spec_doc import render
+    from autoscaler.cli.spec_doc import render
 
-    assert (REPO / "docs" / "spec.md").read_text() == render(), "run: python -m autoscaler.spec_doc > docs/spec.md"
+    assert (REPO / "docs" / "spec.md").read_text() == render(), "run: python -m autoscaler.cli.spec_doc > docs/spec.md"
 
 
 def test_docs_cli_md_covers_every_command_option_and_exit_code() -> None:

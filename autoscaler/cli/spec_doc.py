@@ -1,6 +1,6 @@
 """``docs/spec.md``, the job spec reference, generated from the pydantic model (``spec.JobSpec``).
 
-    python -m autoscaler.spec_doc > docs/spec.md
+    python -m autoscaler.cli.spec_doc > docs/spec.md
 
 Every field of the model needs an entry in ``DESCRIPTIONS`` (the generator refuses to run without
 one), and ``tests/test_cli_getting_started.py`` checks that docs/spec.md is what this writes: a field
@@ -18,7 +18,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from .spec import MAX_COMMAND_BYTES, MAX_DEPTH, MAX_SPEC_BYTES, JobSpec
+from ..spec import MAX_COMMAND_BYTES, MAX_DEPTH, MAX_SPEC_BYTES, JobSpec
+from .start import human_duration
+from .templates import JOB_YAML
 
 DESCRIPTIONS: dict[str, str] = {
     "name": "Job name: lower-case letters, digits and dashes, at most 63; unique among live jobs.",
@@ -118,9 +120,7 @@ def _default(path: str, f: FieldInfo, sub: type[BaseModel] | None) -> str:
     if value is None or value is PydanticUndefined:
         return "-"
     if TYPES.get(path) == "duration":
-        from .cli.start import _human
-
-        return f"`{_human(float(value))}`"
+        return f"`{human_duration(float(value))}`"
     return f"`{json.dumps(value)}`" if not isinstance(value, str) else f"`{value}`"
 
 
@@ -139,12 +139,11 @@ def render() -> str:
     missing = [p for p, _, _ in _fields(JobSpec) if p not in DESCRIPTIONS]
     if missing:
         raise SystemExit(f"spec_doc: no description for {', '.join(missing)} (add it to DESCRIPTIONS)")
-    from .cli.templates import JOB_YAML
 
     lines = [
         "# Job spec reference (v1)",
         "",
-        "<!-- Generated from autoscaler/spec.py by `python -m autoscaler.spec_doc > docs/spec.md`; do not edit. -->",
+        "<!-- Generated from autoscaler/spec.py by `python -m autoscaler.cli.spec_doc > docs/spec.md`; do not edit. -->",
         "",
         "A job is a YAML file (`spotrain validate SPEC` checks one without running it; `--set key.path=value` "
         "on any command overrides a field, the value read as YAML). `spotrain init` writes this one:",

@@ -29,7 +29,6 @@ def _job_name(directory: Path) -> str:
 @click.option("--force", is_flag=True, help="Overwrite job.yaml and train.py if they exist.")
 def init_command(directory: str, name: str | None, force: bool) -> None:
     """Write a job.yaml and a train.py skeleton into DIR (default: here) that run as they are."""
-    from ..errors import SpecError
     from ..spec import parse_spec_text
     from .templates import FILES
 
@@ -39,7 +38,7 @@ def init_command(directory: str, name: str | None, force: bool) -> None:
     parse_spec_text(files["job.yaml"], source="--name")  # a bad --name is a spec error, before any write
     existing = [f for f in files if (target / f).exists()]
     if existing and not force:
-        raise SpecError(f"{target / existing[0]} exists: not overwritten (use --force, or another DIR)")
+        raise click.UsageError(f"{target / existing[0]} exists: not overwritten (use --force, or another DIR)")
     target.mkdir(parents=True, exist_ok=True)
     for fname, text in files.items():
         (target / fname).write_text(text)
@@ -49,7 +48,7 @@ def init_command(directory: str, name: str | None, force: bool) -> None:
                f"  spotrain estimate {spec}   # cost and finish time on the spot market")
 
 
-def _human(seconds: float) -> str:
+def human_duration(seconds: float) -> str:
     """``2h``, ``90m``, ``45s``: the largest unit that divides the duration, else seconds."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
@@ -59,7 +58,7 @@ def _human(seconds: float) -> str:
 
 def describe(spec: JobSpec, workdir: Path) -> list[str]:
     """What a valid spec asks for, a few lines for a person."""
-    format_duration_s = _human
+    format_duration_s = human_duration
     o, r = spec.objective, spec.resources
     wants = ", ".join(str(a) for a in r.accelerators) or ", ".join(r.instance_types)
     return [
