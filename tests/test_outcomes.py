@@ -191,3 +191,11 @@ def test_validate_refuses_unitless_deadlines_and_duplicate_keys(tmp_path: Path, 
     r = run_cli("validate", str(p))
     assert r.returncode == 2, r
     assert needle in r.stderr and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize(("state", "met", "shown"), [("FAILED", False, "deadline MISSED"), ("SUCCEEDED", True, "deadline met"),
+                                                     ("SUCCEEDED", None, None)])
+def test_the_summary_says_whether_the_deadline_was_met(state: str, met: bool | None, shown: str | None) -> None:
+    text = render.summary({"job_id": "j-1", "state": state, "deadline_met": met, "wall_s": 1.0, "cost_usd": 0.1,
+                           "on_demand_cost_usd": 0.3, "reason": "r"})
+    assert (shown in text) if shown else ("deadline" not in text)

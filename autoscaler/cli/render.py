@@ -52,7 +52,7 @@ def summary(j: Mapping[str, Any]) -> str:
     if succeeded:  # a failed job's last metric is not a result
         lines.append(f"result      {name} = {metric:.4f}" if isinstance(metric, (int, float)) else "result      -")
     lines += [
-        f"wall time   {j.get('wall_s', 0.0):.1f} s",
+        f"wall time   {j.get('wall_s', 0.0):.1f} s" + _deadline_note(j),
         f"preemptions {j.get('preemptions', 0)}" + (" survived" if succeeded else "") + (f", {j.get('restarts_on_errors')} restart(s) after errors" if j.get("restarts_on_errors") else ""),
     ]
     by_market = j.get("cost_by_market_usd") or {}
@@ -67,6 +67,12 @@ def summary(j: Mapping[str, Any]) -> str:
         lines.append(f"reason      {j['reason']}")
     lines.extend(error_tail_lines(j))
     return "\n".join(lines)
+
+
+def _deadline_note(j: Mapping[str, Any]) -> str:
+    """``deadline_met`` in words (nothing without a deadline or while the job runs)."""
+    met = j.get("deadline_met")
+    return "" if met is None else "; deadline met" if met else "; deadline MISSED"
 
 
 def error_tail_lines(j: Mapping[str, Any]) -> list[str]:
