@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -196,6 +197,16 @@ def _install_follow_endpoints(app: FastAPI, controller: Controller, auth: Callab
         from .resume import resume_job
 
         return resume_job(controller, ref)
+
+    @app.get("/v1/jobs/{ref}/spec", dependencies=[Depends(auth)], responses=_refusals(404))
+    def job_spec(ref: str) -> dict[str, Any]:
+        """The job's spec as submitted (the follower reads its batch size for samples/s)."""
+        with controller.store.session() as s:
+            job = controller.store.job(s, ref)
+            if job is None:
+                raise JobNotFound(f"no job {ref!r}")
+            spec: dict[str, Any] = json.loads(job.spec_json)
+            return spec
 
     @app.get("/v1/jobs/{ref}/output", dependencies=[Depends(auth)], response_class=Response, responses=_refusals(404))
     def output(ref: str, attempt: int, rank: int = 0, offset: int = 0) -> Response:

@@ -102,6 +102,10 @@ class Client:
     def resume(self, ref: str) -> JobSummary:
         return self._parse(JobSummary, self._call("POST", f"/v1/jobs/{ref}/resume"))
 
+    def spec(self, ref: str) -> dict[str, Any]:
+        data = self._call("GET", f"/v1/jobs/{ref}/spec").json()
+        return data if isinstance(data, dict) else {}
+
     def report_png(self, ref: str) -> bytes:
         return self._call("GET", f"/v1/jobs/{ref}/report.png").content
 

@@ -70,11 +70,12 @@ def controller_file() -> Path:
     return home() / "controller.json"
 
 
-def write_controller_info(url: str, pid: int) -> None:
-    tmp = controller_file().with_suffix(".tmp")
+def write_controller_info(url: str, pid: int, **extra: object) -> None:
+    """Record the running controller (``extra``: e.g. ``embedded``, the ``spotrain run`` that serves it)."""
+    tmp = controller_file().with_suffix(f".tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({"url": url, "pid": pid}))
+        f.write(json.dumps({"url": url, "pid": pid, **extra}))
     os.replace(tmp, controller_file())
 
 

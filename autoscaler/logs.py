@@ -7,6 +7,7 @@ gigabytes, and reading it whole to keep 64 kB pushed the controller to 1.7 GB (i
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -88,3 +89,28 @@ def read_output(job_id: str, *, attempt: int, rank: int, offset: int, limit: int
     except FileNotFoundError:
         return b"", max(0, offset)
     return data, start + len(data)
+
+
+def install_controller_log(*, level: int = logging.INFO) -> None:
+    """The controller's log, one line per thing that happened: every event row (submit, launch,
+    release, notice, capacity refusal, state change, ...) as it is written, plus the controller's own
+    lines (checkpoints, recovery, tick errors). The scheduler's own chatter (each run of the
+    reconcile job, and its "maximum number of running instances reached" warnings when a tick
+    outlasts the interval) is not the user's business: only its errors are kept."""
+    from sqlalchemy import event as sa_event
+
+    from .state import Event
+
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    if not sa_event.contains(Event, "after_insert", _log_event):
+        sa_event.listen(Event, "after_insert", _log_event)
+
+
+_events_log = logging.getLogger("spotrain.events")
+
+
+def _log_event(_mapper: object, _connection: object, e: object) -> None:
+    kind = getattr(e, "kind", "")
+    what = f"{getattr(e, 'from_state', '')} -> {getattr(e, 'to_state', '')}" if kind == "state" else kind
+    _events_log.info("%s %s: %s", getattr(e, "job_id", "?"), what, getattr(e, "reason", ""))

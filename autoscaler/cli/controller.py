@@ -1,8 +1,13 @@
-"""``spotrain controller start``: the controller as a service (HTTP API + reconcile loop)."""
+"""``spotrain controller start|stop|status``: the controller as a service (HTTP API + reconcile loop).
+
+``start`` serves in the foreground; ``start --daemon`` starts the same command detached from the
+terminal (its own session), logging to ``$SPOTRAIN_HOME/controller.log``, and returns once it serves.
+``stop`` sends the recorded controller SIGTERM and waits for it to exit; ``status`` says whether one
+answers, where, and what it runs.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -43,9 +48,18 @@ def _clouds(value: str) -> str:
               help="URL the instance agents reach this controller on (--executor remote; default: the bound URL).")
 @click.option("--rendezvous-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
               help="torch.distributed port on each gang's first instance (--executor remote).")
+@click.option("--daemon", is_flag=True, help="Run in the background, logging to $SPOTRAIN_HOME/controller.log.")
 def start(cloud: str, executor: str, host: str, port: int, tick_s: float, controller_id: str | None,
-          advertise_url: str | None, rendezvous_port: int) -> None:
-    """Start the controller in the foreground; it serves until SIGTERM/SIGINT."""
+          advertise_url: str | None, rendezvous_port: int, daemon: bool) -> None:
+    """Start the controller in the foreground (or with --daemon in the background); it serves until
+    SIGTERM/SIGINT (``spotrain controller stop``)."""
+    if daemon:
+        args = ["--cloud", cloud, "--executor", executor, "--host", host, "--port", str(port), "--tick", repr(tick_s),
+                "--rendezvous-port", str(rendezvous_port), *(["--id", controller_id] if controller_id else []),
+                *(["--advertise-url", advertise_url] if advertise_url else [])]
+        url, log = start_daemon(args)
+        return click.echo(f"spotrain controller started in the background on {url} (log: {log}); "
+                          "stop it with: spotrain controller stop")
     import uvicorn
 
     from ..api import create_app
@@ -56,7 +70,9 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     from ..policy import get_policy
     from ..state import Store
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from ..logs import install_controller_log
+
+    install_controller_log()
     token = ensure_token()
     cid = controller_id or f"controller-{cloud.replace(',', '-')}"
     # Bound first: with --executor remote, the instances' user data carries the controller's address.
@@ -74,7 +90,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     if executor == "remote" and advertise_url is None and host in ("0.0.0.0", "::"):
         raise SpotrainError(f"--advertise-url is required with --host {host}: instances cannot reach {url}")
     store = Store(db_url())
-    from cloud_providers.errors import CredentialsError, ProviderError
+    from cloud_providers.errors import ProviderError
 
     try:
         setup = make_cloud(cloud, cloud_id=cid, executor=executor, store=store, advertise_url=advertise_url or url,
@@ -85,15 +101,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         # e.g. GCP credentials, checked once when the provider is built.
         raise SpotrainError(f"{cloud}: {exc}") from None
 
-    # Fail fast, in one line, on missing credentials or an unreachable cloud endpoint: each cloud of a
-    # multi-cloud controller on its own (its composite would carry on without one).
-    for name, provider in (getattr(setup.provider, "providers", None) or {cloud: setup.provider}).items():
-        try:
-            provider.offerings()
-        except CredentialsError as exc:
-            raise SpotrainError(f"{name}: {exc}") from None
-        except ProviderError as exc:
-            raise SpotrainError(f"{name}: cannot list offerings: {exc}") from None
+    _fail_fast(cloud, setup)
     ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                      controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)
     try:
@@ -117,3 +125,143 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         except FileNotFoundError:
             pass
     sys.exit(0)
+
+
+def _fail_fast(cloud: str, setup: object) -> None:
+    """Fail fast, in one line, on missing credentials or an unreachable cloud endpoint: each cloud of a
+    multi-cloud controller on its own (its composite would carry on without one)."""
+    from cloud_providers.errors import CredentialsError, ProviderError
+
+    from ..errors import SpotrainError
+
+    provider = getattr(setup, "provider")
+    for name, p in (getattr(provider, "providers", None) or {cloud: provider}).items():
+        try:
+            p.offerings()
+        except CredentialsError as exc:
+            raise SpotrainError(f"{name}: {exc}") from None
+        except ProviderError as exc:
+            raise SpotrainError(f"{name}: cannot list offerings: {exc}") from None
+
+
+def start_daemon(args: list[str], *, timeout_s: float = 60.0) -> tuple[str, str]:
+    """Start ``spotrain controller start ARGS`` detached (its own session, no terminal), its output
+    appended to ``$SPOTRAIN_HOME/controller.log``; (its URL, the log's path) once it serves."""
+    import json
+    import subprocess
+    import time
+
+    from ..errors import SpotrainError
+    from ..home import controller_file, home
+
+    log = home() / "controller.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "controller", "start", *args],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            info = json.loads(controller_file().read_text())
+        except (OSError, ValueError):
+            info = {}
+        if info.get("pid") == proc.pid:
+            return str(info["url"]), str(log)
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise SpotrainError(f"the controller exited at start ({tail[0]}; log: {log})")
+        time.sleep(0.1)
+    raise SpotrainError(f"the controller did not start within {timeout_s:.0f} s (log: {log})")
+
+
+def _recorded() -> dict[str, object] | None:
+    from ..home import read_controller_info
+
+    return read_controller_info()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@controller_command.command("stop")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds to wait for it to exit.")
+def stop_command(timeout_s: float) -> None:
+    """Stop the running controller (SIGTERM; its jobs' workers keep running and the next controller
+    carries on with them)."""
+    import time
+
+    from ..errors import SpotrainError
+    from ..home import controller_file
+
+    info = _recorded()
+    if info is None:
+        click.echo("no controller is running")
+        return
+    pid = int(str(info.get("pid", 0)))
+    if info.get("embedded"):
+        raise SpotrainError(f"the recorded controller is the embedded one of `spotrain run` (pid {pid}); "
+                            "it ends with that command (Ctrl-C there, or spotrain cancel JOB)")
+    if pid <= 0 or not _pid_alive(pid):
+        controller_file().unlink(missing_ok=True)
+        click.echo(f"no controller is running (removed the stale record of pid {pid})")
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and _pid_alive(pid) and not _zombie(pid):
+        time.sleep(0.1)
+    if _pid_alive(pid) and not _zombie(pid):
+        raise SpotrainError(f"the controller (pid {pid}) did not exit within {timeout_s:g} s")
+    click.echo(f"stopped the controller at {info.get('url')} (pid {pid})")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+@controller_command.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status_command(as_json: bool) -> None:
+    """Whether a controller answers, where, its id, uptime, live jobs and last tick error; exit 1
+    when none runs."""
+    import json
+
+    info = _recorded()
+    answer: dict[str, object] = {"running": False, "url": info.get("url") if info else None,
+                                 "pid": info.get("pid") if info else None,
+                                 "embedded": bool(info.get("embedded")) if info else False}
+    if info is not None:
+        from ..client import Client
+        from ..errors import ControllerUnreachable
+
+        c = Client()
+        try:
+            h = c.healthz()
+            live = [j for j in c.jobs() if not j.state.terminal]
+        except ControllerUnreachable:
+            pass
+        else:
+            answer.update(running=True, controller_id=h.controller_id, uptime_s=round(h.uptime_s or 0.0, 1),
+                          live_jobs=len(live), last_tick_error=h.last_tick_error)
+    if as_json:
+        click.echo(json.dumps(answer, sort_keys=True))
+    elif answer["running"]:
+        kind = " (embedded in spotrain run)" if answer["embedded"] else ""
+        click.echo(f"controller {answer['controller_id']}{kind} on {answer['url']} (pid {answer['pid']}): up "
+                   f"{answer['uptime_s']} s, {answer['live_jobs']} live job(s)"
+                   + (f", last tick error: {answer['last_tick_error']}" if answer["last_tick_error"] else ""))
+    else:
+        click.echo("no controller is running" + (f" (a stale record names {answer['url']})" if info else ""))
+    if not answer["running"]:
+        sys.exit(1)

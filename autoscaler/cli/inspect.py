@@ -48,8 +48,13 @@ def _offline_jobs(job_ref: str | None) -> JobSummary | list[JobSummary]:
 @click.command("status")
 @click.argument("job_ref", metavar="[JOB]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on the last line (a list without JOB).")
-def status_command(job_ref: str | None, as_json: bool) -> None:
+@click.option("--watch", is_flag=True, help="Redraw every 2 s (until JOB ends, or Ctrl-C); needs a running controller.")
+def status_command(job_ref: str | None, as_json: bool, watch: bool) -> None:
     """Show all jobs as a table, or one JOB (id or name) in detail."""
+    if watch and _controller_running():
+        from .follow import watch_status
+
+        return watch_status(job_ref)
     from . import render
 
     found: JobSummary | list[JobSummary] | None = None
@@ -78,8 +83,13 @@ def status_command(job_ref: str | None, as_json: bool) -> None:
 @click.command("logs")
 @click.argument("job_ref", metavar="JOB")
 @click.option("--rank", type=int, default=None, help="Worker rank whose output to show (default 0).")
-def logs_command(job_ref: str, rank: int | None) -> None:
+@click.option("-f", "--follow", "follow", is_flag=True, help="Stream events and worker output until JOB ends.")
+def logs_command(job_ref: str, rank: int | None, follow: bool) -> None:
     """Show JOB's event history and its workers' output."""
+    if follow and _controller_running():
+        from .follow import follow_logs
+
+        return follow_logs(job_ref, rank)
     text = None
     if _controller_running():
         from ..client import Client

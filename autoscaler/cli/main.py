@@ -25,6 +25,8 @@ COMMANDS = {
     "estimate": ("autoscaler.cli.estimate", "Predict a job's cost and finish time from the simulator."),
     "simulate": ("autoscaler.cli.simulate", "Replay a market trace with a policy in virtual time."),
     "report": ("autoscaler.cli.report", "Write a job's report picture (PNG): progress, workers by market, cost."),
+    "attach": ("autoscaler.cli.attach", "Follow a job with live progress (Ctrl-C detaches)."),
+    "resume": ("autoscaler.cli.attach", "Start a cancelled or failed job again from its last checkpoint."),
 }
 
 

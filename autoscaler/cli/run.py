@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,49 +19,157 @@ OWNER_FILE = "owner.json"
 OWNER_GRACE_S = 60.0
 
 
-# Event kinds the progress lines show.
-SHOWN_EVENTS = ("state", "preemption-notice", "launched", "capacity", "released", "instance-terminated")
-
-
 @click.command("run")
 @click.argument("spec_path", metavar="SPEC")
 @click.option("--scenario", "scenario_path", default=None, metavar="FILE", help="Script the local cloud (DESIGN.md).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a spec field (value read as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON on the last line.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str, ...], as_json: bool, quiet: bool) -> None:
-    """Run SPEC to completion on the local cloud and print a summary."""
-    from ..home import db_url
+@click.option("--detach", is_flag=True,
+              help="Submit to the controller service (started in the background on the local cloud if none runs) "
+                   "and return; follow with spotrain attach JOB.")
+def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str, ...], as_json: bool, quiet: bool,
+                detach: bool) -> None:
+    """Run SPEC to completion and print a summary: on the started controller when one runs (or, with
+    --detach, on one started in the background), else on an embedded controller and the local cloud."""
+    from ..errors import SpecError
     from ..spec import load_spec
-    from ..state import Store
+    from .follow import service_client
 
     spec, workdir = load_spec(spec_path, overrides=overrides)
+    client = service_client() if scenario_path is None else None
+    if detach:
+        if scenario_path:
+            raise SpecError("--scenario scripts the embedded local cloud of `spotrain run`; it cannot be used with --detach")
+        client = client or _start_local_service()
+        job = client.submit(spec.to_dict(), str(workdir))
+        if as_json:
+            from . import render
+
+            click.echo(render.as_json(job.to_json_dict()))
+        else:
+            click.echo(f"submitted {job.job_id} to {client.url}; follow it with: spotrain attach {job.job_id} "
+                       f"(or spotrain logs -f {job.job_id}); stop it with: spotrain cancel {job.job_id}")
+        return
+    out = sys.stderr if as_json else sys.stdout
+    if client is not None:
+        _run_on_service(client, spec, workdir, out, as_json=as_json, quiet=quiet)
+    else:
+        _run_embedded(spec, workdir, scenario_path, out, as_json=as_json, quiet=quiet)
+
+
+def _start_local_service() -> Any:
+    """A controller service on the local cloud, started in the background for ``--detach``."""
+    from ..client import Client
+    from .controller import start_daemon
+
+    url, log = start_daemon(["--cloud", "local", "--port", "0"])
+    click.echo(f"spotrain: started a controller in the background on {url} (log: {log}; "
+               "stop it with: spotrain controller stop)", err=True)
+    return Client(url)
+
+
+def _run_on_service(client: Any, spec: Any, workdir: Path, out: Any, *, as_json: bool, quiet: bool) -> None:
+    """Submit to the started controller and follow the job there; Ctrl-C cancels it (the job is this
+    command's), ``spotrain attach`` follows without owning."""
+    from .follow import Follower, HttpSource, follow
+    from .progress import make_view
+
+    job = client.submit(spec.to_dict(), str(workdir))
+    t0 = time.time()
+    view = make_view(out, t0=t0, quiet=quiet)
+    batch = spec.training.global_batch_size
+    view.line_of(job.job_id, batch)
+    view.say(f"spotrain: running {job.job_id} on the controller at {client.url} (logs: spotrain logs -f {job.job_id})")
+    try:
+        final = follow(Follower(HttpSource(client, job.job_id), view))
+    except KeyboardInterrupt:
+        view.close()
+        client.cancel(job.job_id)
+        click.echo(f"spotrain: interrupted; {job.job_id} cancelled and its instances released", err=True)
+        sys.exit(130)
+    view.close()
+    _report(final, out, as_json)
+
+
+def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any, *, as_json: bool, quiet: bool) -> None:
+    from ..home import db_url
+    from ..state import Store
+    from .follow import Follower, LocalSource, follow
+    from .progress import make_view
+
     scenario = _load_scenario(scenario_path)
     store = Store(db_url())
     reap_abandoned_runs(store)
     ctl, setup = _embedded_controller(store, scenario)
     _end_on_signals()
     ctl.start()
+    api = _serve_embedded(ctl)
     job = ctl.submit(spec, workdir, scenario={"file": scenario_path} if scenario_path else None)
     job_id = job["job_id"]
-    out = sys.stderr if as_json else sys.stdout
-
-    def say(msg: str) -> None:
-        if not quiet:
-            click.echo(msg, file=out)
-
     t0 = time.time()
-    say(f"spotrain: running {job_id} on the local cloud (market x{setup.clock_rate:g} time; logs: spotrain logs {job_id})")
+    view = make_view(out, t0=t0, quiet=quiet)
+    view.line_of(job_id, spec.training.global_batch_size)
+    view.say(f"spotrain: running {job_id} on the local cloud (market x{setup.clock_rate:g} time; "
+             f"logs: spotrain logs -f {job_id}; cancel: spotrain cancel {job_id})")
     try:
-        _follow(ctl, store, job_id, t0, say)
+        follow(Follower(LocalSource(ctl, job_id), view), interval_s=0.25)
     except KeyboardInterrupt:
+        view.close()
         ctl.cancel(job_id)
+        api.close()
         ctl.shutdown()
         click.echo(f"spotrain: interrupted; {job_id} cancelled and its instances released", err=True)
         sys.exit(130)
+    view.close()
+    api.close()
     ctl.shutdown()
     _release_leftovers(setup.provider)
     _report(ctl.job_info(job_id), out, as_json)
+
+
+class _EmbeddedApi:
+    """The embedded controller's HTTP API, on a free loopback port for the command's lifetime: so
+    that ``spotrain status``, ``logs -f``, ``attach`` and ``cancel`` work from another terminal while
+    ``spotrain run`` follows its job. It is recorded in controller.json (marked ``embedded``) when no
+    live controller is recorded there, and in the run's owner file either way."""
+
+    def __init__(self, ctl: Any) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        from ..api import create_app
+        from ..home import ensure_token, localcloud_dir, read_controller_info, write_controller_info
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(ctl, ensure_token()), log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                       name="spotrain-run-api")
+        self.thread.start()
+        info = read_controller_info()
+        pid = int(str(info.get("pid", 0))) if info else 0
+        self.registered = info is None or pid <= 0 or _proc_start(pid) is None
+        if self.registered:
+            write_controller_info(self.url, os.getpid(), embedded=ctl.controller_id)
+        write_owner(localcloud_dir(ctl.controller_id), url=self.url)
+
+    def close(self) -> None:
+        from ..home import controller_file, read_controller_info
+
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        info = read_controller_info()
+        if self.registered and info is not None and info.get("pid") == os.getpid():
+            controller_file().unlink(missing_ok=True)
+
+
+def _serve_embedded(ctl: Any) -> _EmbeddedApi:
+    return _EmbeddedApi(ctl)
 
 
 def _load_scenario(scenario_path: str | None) -> Any:
@@ -106,48 +213,6 @@ def _end_on_signals() -> None:
     signal.signal(signal.SIGHUP, interrupted)
 
 
-def _follow(ctl: Any, store: Any, job_id: str, t0: float, say: Callable[[str], None]) -> None:
-    """Print the job's events and (at most every 2 s, when it changes) a status line until it ends."""
-    from ..state import JobState
-
-    terminal = {s.value for s in JobState if s.terminal}
-    seen_events = 0
-    last_line = ""
-    last_print = 0.0
-    while True:
-        time.sleep(0.25)
-        seen_events = _say_new_events(store, job_id, seen_events, t0, say)
-        j = ctl.job_info(job_id)
-        line = _status_line(j, t0)
-        if j["state"] in terminal:
-            break
-        if line[9:] != last_line[9:] and time.time() - last_print >= 2.0:
-            say(line)
-            last_line, last_print = line, time.time()
-
-
-def _say_new_events(store: Any, job_id: str, seen: int, t0: float, say: Callable[[str], None]) -> int:
-    """Print the shown events of ``job_id`` after the first ``seen``; the number of events now."""
-    with store.session() as s:
-        events = store.events(s, job_id)
-        for e in events[seen:]:
-            if e.kind in SHOWN_EVENTS:
-                what = f"{e.from_state} -> {e.to_state}" if e.kind == "state" else e.kind
-                say(f"[{e.ts - t0:6.1f}s] {what}: {e.reason}")
-        return len(events)
-
-
-def _status_line(j: dict[str, Any], t0: float) -> str:
-    from . import render
-
-    metric = j.get("metric")
-    return (
-        f"[{time.time() - t0:6.1f}s] {j['state']:<12} step {render.progress_str(j):<16} "
-        + (f"{j.get('metric_name')} {metric:.3f}  " if isinstance(metric, (int, float)) else "")
-        + f"workers {render.workers_str(j)}  cost {render.money(j['cost_usd'])}"
-    )
-
-
 def _release_leftovers(provider: Any) -> None:
     """The embedded cloud goes away with this command: nothing it launched may outlive it."""
     for inst in provider.list_instances({}):
@@ -182,9 +247,9 @@ def _proc_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def write_owner(cloud_dir: Path) -> None:
+def write_owner(cloud_dir: Path, **extra: str) -> None:
     pid = os.getpid()
-    (cloud_dir / OWNER_FILE).write_text(json.dumps({"pid": pid, "start": _proc_start(pid)}))
+    (cloud_dir / OWNER_FILE).write_text(json.dumps({"pid": pid, "start": _proc_start(pid), **extra}))
 
 
 def _owner_alive(cloud_dir: Path) -> bool | None:
@@ -218,6 +283,40 @@ def reap_abandoned_runs(store: Any) -> list[str]:
         setup = local_cloud(cid)
         ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                          controller_id=cid, tick_s=1.0, clock_rate=setup.clock_rate)
-        ctl.fail_abandoned(job_id, "the spotrain run that owned this job is gone (killed); its workers were stopped")
+        why = _what_happened(ctl, job_id)
+        if why is not None:
+            ctl.fail_abandoned(job_id, why)
         reaped.append(job_id)
     return reaped
+
+
+def _what_happened(ctl: Any, job_id: str) -> str | None:
+    """Look at an abandoned job's workers once, as its controller would have: a gang that finished
+    meanwhile ends the job as it ended (succeeded, or failed with its exit codes); otherwise the
+    reason to fail it with, saying whether workers were still running (and are now stopped)."""
+    from cloud_providers.executor import GangState
+
+    from ..controller.gangs import observe_gang
+    from ..domain import JobState
+    from ..state import Job
+
+    with ctl._lock, ctl.store.session() as s:  # noqa: SLF001 - the controller's own lock
+        job = s.get(Job, job_id)
+        if job is None:
+            return None
+        rows = ctl.store.instances(s, job_id, alive_only=True)
+        gang = [r for r in rows if job.gang_attempt and r.attempt == job.gang_attempt]
+        states = [ctl.executor.status(r.instance_id, job.gang_attempt).state for r in gang]
+        observe_gang(ctl.ctx, s, job, ctl.store.instances(s, job_id))
+        if JobState(job.state).terminal:
+            ctl.ctx.note(s, job, "owner-gone", f"the spotrain run that owned this job was killed; its workers had "
+                                               f"ended on their own: {job.state}")
+            return None
+        at = f"step {job.step}" + (f"/{job.total_steps}" if job.total_steps else "")
+        if any(st is GangState.RUNNING for st in states):
+            workers = "its workers were still running and have been stopped"
+        elif states:
+            workers = "its workers had already exited"
+        else:
+            workers = "no workers were running"
+        return f"the spotrain run that owned this job was killed (at {at}); {workers}"
