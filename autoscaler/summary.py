@@ -12,13 +12,15 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloud_providers.base import ON_DEMAND, SPOT, InstanceState
 from cloud_providers.durations import parse_duration_s
 
 from .domain import JobState
-from .schemas import JobSummary, Worker
+
+if TYPE_CHECKING:  # pydantic's models are built when imported: 0.1-0.2 s that status need not pay
+    from .schemas import JobSummary
 
 
 def split_reason(reason: str) -> tuple[str, str | None]:
@@ -61,46 +63,65 @@ def _deadline_met(job: Any) -> bool | None:
     return bool(job.finished_clock_s - job.submitted_clock_s <= deadline_s)
 
 
-def job_summary(job: Any, rows: Sequence[Any], *, now: float | None = None) -> JobSummary:
-    """The job as the API and the CLI show it (``schemas.JobSummary``). ``now``: the controller
-    clock, for a live job's wall time (default: the wall clock)."""
+def summary_dict(job: Any, rows: Sequence[Any], *, now: float | None = None) -> dict[str, Any]:
+    """The fields of ``schemas.JobSummary`` as plain values (no pydantic: ``status`` without a
+    controller prints them straight away, ``finite_json`` making them the API's JSON)."""
     now = time.time() if now is None else now
     live = [r for r in rows if r.state != InstanceState.TERMINATED.value]
     by_market: dict[str, float] = {}
     for r in rows:
         by_market[r.market] = by_market.get(r.market, 0.0) + r.cost_usd
     reason, error_tail = split_reason(job.reason or "")
-    return JobSummary(
-        job_id=job.job_id,
-        name=job.name,
-        state=JobState(job.state),
-        reason=reason,
-        error_tail=error_tail,
-        cloud=job.cloud,
-        preemptions=job.preemptions,
-        restarts_on_errors=job.restarts_on_errors,
-        attempts=job.attempt,
-        cost_usd=round(job.cost_usd, 6),
-        on_demand_cost_usd=round(job.on_demand_cost_usd, 6),
-        cost_by_market_usd={k: round(v, 6) for k, v in sorted(by_market.items())},
-        metric=job.metric,
-        metric_name=job.metric_name or None,
-        loss=job.loss,
-        step=job.step,
-        total_steps=job.total_steps,
-        last_checkpoint_step=job.last_checkpoint_step,
-        final_model=job.final_model if job.state == JobState.SUCCEEDED.value else None,
-        checkpoint_uri=job.checkpoint_uri,
-        submitted_at=job.submitted_at,
-        finished_at=job.finished_at,
-        wall_s=(job.finished_at or now) - job.submitted_at,
-        restart_overhead_s=job.restart_overhead_s,
-        workers=[
-            Worker(instance_id=r.instance_id, offering=r.offering_key, market=r.market, state=InstanceState(r.state),
-                   gpus=r.gpus)
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "state": JobState(job.state).value,
+        "reason": reason,
+        "error_tail": error_tail,
+        "cloud": job.cloud,
+        "preemptions": job.preemptions,
+        "restarts_on_errors": job.restarts_on_errors,
+        "attempts": job.attempt,
+        "cost_usd": round(job.cost_usd, 6),
+        "on_demand_cost_usd": round(job.on_demand_cost_usd, 6),
+        "cost_by_market_usd": {k: round(v, 6) for k, v in sorted(by_market.items())},
+        "metric": job.metric,
+        "metric_name": job.metric_name or None,
+        "loss": job.loss,
+        "step": job.step,
+        "total_steps": job.total_steps,
+        "last_checkpoint_step": job.last_checkpoint_step,
+        "final_model": job.final_model if job.state == JobState.SUCCEEDED.value else None,
+        "checkpoint_uri": job.checkpoint_uri,
+        "submitted_at": job.submitted_at,
+        "finished_at": job.finished_at,
+        "wall_s": (job.finished_at or now) - job.submitted_at,
+        "restart_overhead_s": job.restart_overhead_s,
+        "workers": [
+            {"instance_id": r.instance_id, "offering": r.offering_key, "market": r.market,
+             "state": InstanceState(r.state).value, "gpus": r.gpus}
             for r in live
         ],
-        spot_seconds=round(sum(r.billed_seconds for r in rows if r.market == SPOT), 3),
-        on_demand_seconds=round(sum(r.billed_seconds for r in rows if r.market == ON_DEMAND), 3),
-        deadline_met=_deadline_met(job),
-    )
+        "spot_seconds": round(sum(r.billed_seconds for r in rows if r.market == SPOT), 3),
+        "on_demand_seconds": round(sum(r.billed_seconds for r in rows if r.market == ON_DEMAND), 3),
+        "deadline_met": _deadline_met(job),
+    }
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with non-finite floats as None, as the API sends them (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def job_summary(job: Any, rows: Sequence[Any], *, now: float | None = None) -> JobSummary:
+    """The job as the API and the CLI show it (``schemas.JobSummary``). ``now``: the controller
+    clock, for a live job's wall time (default: the wall clock)."""
+    from .schemas import JobSummary
+
+    return JobSummary.model_validate(summary_dict(job, rows, now=now))

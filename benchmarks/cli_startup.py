@@ -3,7 +3,7 @@
 Each command runs as a fresh process (``python -m autoscaler.cli.main ...``) against a throw-away
 SPOTRAIN_HOME holding one ended job, ``--repeat`` times; the table shows the median, min and max wall
 time, and how many modules the command imported that it must not (scipy, numpy, torch, pandas,
-sqlalchemy, httpx). ``--json PATH`` writes the figures. ``spotrain --help`` is the floor: the
+sqlalchemy, httpx, pydantic). ``--json PATH`` writes the figures. ``spotrain --help`` is the floor: the
 interpreter's own start plus click.
 
     python benchmarks/cli_startup.py [--repeat 7] [--json out.json]
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HEAVY = ("scipy", "numpy", "torch", "pandas", "sqlalchemy", "httpx")
+HEAVY = ("scipy", "numpy", "torch", "pandas", "sqlalchemy", "httpx", "pydantic")
 LIMIT_S = 0.5
 PROBE = ("import runpy, sys, atexit\n"
          "heavy = {heavy!r}\n"

@@ -23,12 +23,13 @@ def _controller_running() -> bool:
     return read_controller_info() is not None
 
 
-def _offline_jobs(job_ref: str | None) -> JobSummary | list[JobSummary]:
-    """From the database: a SQLite file read with ``sqlite3`` (fast), any other URL through the Store."""
+def _offline_jobs(job_ref: str | None) -> Any:
+    """The API's JSON from the database: a SQLite file read with ``sqlite3`` (fast), any other URL
+    through the Store."""
     from ..home import db_url
     from .offline import offline_summaries
 
-    found: JobSummary | list[JobSummary] | None = offline_summaries(db_url(), job_ref)
+    found = offline_summaries(db_url(), job_ref)
     if found is not None:
         return found
     from ..errors import JobNotFound
@@ -38,11 +39,11 @@ def _offline_jobs(job_ref: str | None) -> JobSummary | list[JobSummary]:
     store = Store(db_url())
     with store.session() as s:
         if job_ref is None:
-            return [job_summary(j, store.instances(s, j.job_id)) for j in store.jobs(s)]
+            return [job_summary(j, store.instances(s, j.job_id)).to_json_dict() for j in store.jobs(s)]
         j = store.job(s, job_ref)
         if j is None:
             raise JobNotFound(f"no job {job_ref!r}")
-        return job_summary(j, store.instances(s, j.job_id))
+        return job_summary(j, store.instances(s, j.job_id)).to_json_dict()
 
 
 @click.command("status")
@@ -57,19 +58,19 @@ def status_command(job_ref: str | None, as_json: bool, watch: bool) -> None:
         return watch_status(job_ref)
     from . import render
 
-    found: JobSummary | list[JobSummary] | None = None
+    # The CLI renders, and --json prints, exactly the JSON the API sends.
+    data: Any = None
     if _controller_running():
         from ..client import Client
 
         try:
             c = Client()
-            found = c.job(job_ref) if job_ref else c.jobs()
+            found: JobSummary | list[JobSummary] = c.job(job_ref) if job_ref else c.jobs()
+            data = [j.to_json_dict() for j in found] if isinstance(found, list) else found.to_json_dict()
         except ControllerUnreachable:
-            found = None
-    if found is None:
-        found = _offline_jobs(job_ref)
-    # The CLI renders, and --json prints, exactly the JSON the API sends.
-    data: Any = [j.to_json_dict() for j in found] if isinstance(found, list) else found.to_json_dict()
+            data = None
+    if data is None:
+        data = _offline_jobs(job_ref)
     if as_json:
         click.echo(render.as_json(data))
     elif job_ref is None:

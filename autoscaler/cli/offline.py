@@ -3,7 +3,8 @@ standard library's ``sqlite3``, read-only, so that neither imports SQLAlchemy no
 through it the policy's scipy): both answer in a fraction of a second (benchmarks/cli_startup.py).
 
 Rows come back as ``Row`` objects with the ORM models' attribute names (the tables' column names) and
-go through the same ``summary.job_summary`` and ``logs.render_logs`` as the controller's. A database
+go through the same ``summary.summary_dict`` (what ``JobSummary`` is built from) and
+``logs.render_logs`` as the controller's. A database
 URL that is not a SQLite file (``SPOTRAIN_DB_URL=postgresql://...``) is read through the ``Store``.
 """
 
@@ -85,17 +86,18 @@ class OfflineDb:
 
 
 def offline_summaries(url: str, job_ref: str | None) -> Any:
-    """The JobSummary of ``job_ref``, or the list of all; None when ``url`` is not a SQLite file."""
+    """The API's JSON of ``job_ref`` (a ``JobSummary``'s fields), or the list of all; None when
+    ``url`` is not a SQLite file. Plain values: not even pydantic is imported."""
     path = sqlite_path(url)
     if path is None:
         return None
-    from ..summary import job_summary
+    from ..summary import finite_json, summary_dict
 
     db = OfflineDb(path)
     if job_ref is None:
-        return [job_summary(j, db.instances(j.job_id)) for j in db.jobs()]
+        return finite_json([summary_dict(j, db.instances(j.job_id)) for j in db.jobs()])
     j = db.job(job_ref)
-    return job_summary(j, db.instances(j.job_id))
+    return finite_json(summary_dict(j, db.instances(j.job_id)))
 
 
 def offline_logs(url: str, job_ref: str, rank: int | None) -> str | None:
