@@ -25,7 +25,8 @@ Progress file body (all optional but ``step``): step, total_steps, epoch, loss, 
 metric_name, step_time_s, samples_per_s, world_size, last_checkpoint_step, final_model (URI),
 grad_sqr, grad_var, stall_s, updated_unix_s, completed (true once the final weights are durable and
 the planned work is done: with ``final_model``, the record the controller needs to call a job
-SUCCEEDED; workers that exit 0 without it fail the job as a user error).
+SUCCEEDED; workers that exit 0 without it fail the job as a user error), stopped_at_notice (true once
+the workers checkpointed at a stop notice: they must now exit EXIT_RESCHEDULE).
 """
 
 from __future__ import annotations

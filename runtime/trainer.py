@@ -289,6 +289,9 @@ class ElasticTrainer:
                 self.checkpoint(wait=stop)
                 if stop:
                     self.stopped = True
+                    # Recorded for the controller: workers that then exit 0 (a script that drops
+                    # finish()'s 85) are named as that, not as a crash (issue 13).
+                    self.progress.update(force=True, stopped_at_notice=True)
                     self._say(f"stop notice: checkpoint {self.position.step} is durable; exiting "
                               f"{protocol.EXIT_RESCHEDULE}")
                     return

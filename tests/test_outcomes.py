@@ -80,20 +80,31 @@ def failing_gangs(w: World, code: int, *, step_of: Any = lambda attempt: 0) -> N
     w.executor.progress = progress  # type: ignore[method-assign]
 
 
-def test_a_gang_that_exits_0_at_a_notice_is_a_user_error_not_success() -> None:
+@pytest.mark.parametrize(("runtime_says", "cause"), [
+    (False, "without recording completion (no final weights)"),  # no word from the runtime: the likely cause
+    (True, "checkpointed at a stop notice at step"),  # the runtime recorded the notice: the cause
+])
+def test_a_gang_that_exits_0_at_a_notice_is_a_user_error_not_success(runtime_says: bool, cause: str) -> None:
     """The forgotten ``sys.exit(trainer.finish())``: finish() returns 85 at the notice, the script exits 0."""
     w = world(PREEMPT)
-    inner = w.executor.status
+    inner, inner_progress = w.executor.status, w.executor.progress
+    stopped: set[str] = set()
 
     def status(instance_id: str, attempt: int) -> WorkerStatus:
         st = inner(instance_id, attempt)
+        stopped.update("yes" for c in st.exit_codes.values() if c == protocol.EXIT_RESCHEDULE)
         codes = {r: (protocol.EXIT_DONE if c == protocol.EXIT_RESCHEDULE else c) for r, c in st.exit_codes.items()}
         return WorkerStatus(st.state, codes)
 
+    def progress(job_id: str) -> dict[str, Any] | None:
+        p = inner_progress(job_id)
+        return {**(p or {}), "stopped_at_notice": True} if runtime_says and stopped else p
+
     w.executor.status = status  # type: ignore[method-assign]
+    w.executor.progress = progress  # type: ignore[method-assign]
     _, j = run(w)
     assert j["state"] == "FAILED", j
-    assert "sys.exit(trainer.finish())" in j["reason"] and "without recording completion" in j["reason"]
+    assert "sys.exit(trainer.finish())" in j["reason"] and cause in j["reason"], j["reason"]
     assert j["final_model"] is None and j["step"] < j["total_steps"]
     text = render.summary(j)
     assert "saved" not in text and "result" not in text and "model " not in text

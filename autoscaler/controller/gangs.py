@@ -116,10 +116,11 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
     all_exited = all(st.state is GangState.EXITED for st in statuses.values())
     bad = {rk: c for rk, c in codes.items() if c not in (protocol.EXIT_DONE, protocol.EXIT_RESCHEDULE)}
     if all_exited and codes and all(c == protocol.EXIT_DONE for c in codes.values()):
-        if outcomes.completion_recorded(ctx.executor.progress(job.job_id)):
+        last = ctx.executor.progress(job.job_id)
+        if outcomes.completion_recorded(last):
             succeed(ctx, s, job)
         else:
-            end_job(ctx, s, job, JobState.FAILED, outcomes.incomplete_exit_reason(job), why="workers exited early")
+            end_job(ctx, s, job, JobState.FAILED, outcomes.incomplete_exit_reason(job, last), why="workers exited early")
     elif all_exited and not bad:
         gang_ended(ctx, s, job, "workers checkpointed and exited")
     elif bad and not infra:

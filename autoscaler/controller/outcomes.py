@@ -46,11 +46,16 @@ def completion_recorded(prog: Mapping[str, Any] | None) -> bool:
     return True
 
 
-def incomplete_exit_reason(job: Job) -> str:
-    """The reason a job fails whose workers all exited 0 without recording completion."""
+def incomplete_exit_reason(job: Job, prog: Mapping[str, Any] | None) -> str:
+    """The reason a job fails whose workers all exited 0 without recording completion; the runtime's
+    ``stopped_at_notice`` (it checkpointed at a stop notice) makes the likely cause certain."""
     where = f"at step {job.step} of {job.total_steps}" if job.total_steps else f"at step {job.step}"
+    fix = "end the script with sys.exit(trainer.finish()), not trainer.finish()"
+    if prog and prog.get("stopped_at_notice") is True:
+        return (f"user error: the workers checkpointed at a stop notice {where} and then exited 0 instead of 85 "
+                f"(the code trainer.finish() returned): {fix}")
     return (f"user error: the workers exited 0 {where} without recording completion (no final weights): "
-            "the script likely ends with trainer.finish() instead of sys.exit(trainer.finish()) "
+            f"the script likely ends with trainer.finish() instead of sys.exit(trainer.finish()) "
             "(after a preemption or rescale notice finish() returns 85, which must be the exit code), "
             "or it does not train through runtime.ElasticTrainer")
 
