@@ -47,33 +47,25 @@ def chrome(tmp_path: Path):  # type: ignore[no-untyped-def]
     return webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
 
 
-def test_the_dashboard_cookie_opens_ui_pages_only(spotrain_home: Path, tmp_path: Path) -> None:
+def check_cookie_opens_ui_pages_only(url: str, token: str) -> None:
     """Without a browser: the login form sets the cookie; it opens /ui, never the API."""
-    ctl = start_controller(spotrain_home)
-    try:
-        url = json.loads((spotrain_home / "controller.json").read_text())["url"]
-        token = (spotrain_home / "token").read_text().strip()
-        with httpx.Client(base_url=url) as c:
-            r = c.get("/ui")
-            assert r.status_code == 303 and r.headers["location"] == "/ui/login"
-            assert c.get("/ui/login").status_code == 200
-            bad = c.post("/ui/login", content="token=wrong", headers={"content-type": "application/x-www-form-urlencoded"})
-            assert bad.status_code == 401 and "spotrain_token" not in bad.headers.get("set-cookie", "")
-            ok = c.post("/ui/login", content=f"token={token}", headers={"content-type": "application/x-www-form-urlencoded"})
-            assert ok.status_code == 303 and "HttpOnly" in ok.headers["set-cookie"]
-            cookie = {"cookie": f"spotrain_token={token}"}
-            assert c.get("/ui", headers=cookie).status_code == 200
-            assert c.get("/v1/jobs", headers=cookie).status_code == 401
-            assert c.get("/ui", headers={"cookie": "spotrain_token=wrong"}).status_code == 303
-    finally:
-        ctl.terminate()
-        ctl.wait(timeout=30)
+    with httpx.Client(base_url=url) as c:
+        r = c.get("/ui")
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+        assert c.get("/ui/login").status_code == 200
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        bad = c.post("/ui/login", content="token=wrong", headers=form)
+        assert bad.status_code == 401 and "spotrain_token" not in bad.headers.get("set-cookie", "")
+        ok = c.post("/ui/login", content=f"token={token}", headers=form)
+        assert ok.status_code == 303 and "HttpOnly" in ok.headers["set-cookie"]
+        cookie = {"cookie": f"spotrain_token={token}"}
+        assert c.get("/ui", headers=cookie).status_code == 200
+        assert c.get("/v1/jobs", headers=cookie).status_code == 401
+        assert c.get("/ui", headers={"cookie": "spotrain_token=wrong"}).status_code == 303
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (CI installs Debian's chromium in .ci/run)")
 def test_dashboard_in_headless_chromium(spotrain_home: Path, tmp_path: Path) -> None:
-    from selenium.webdriver.common.by import By
 
     ctl = start_controller(spotrain_home, env={"PW_STEPS": "15", "PW_STEP_S": "0.05"})
     driver = None
@@ -84,6 +76,10 @@ def test_dashboard_in_headless_chromium(spotrain_home: Path, tmp_path: Path) -> 
         assert r.returncode == 0, r.stderr
         job_id = json.loads(r.stdout.strip().splitlines()[-1])["job_id"]
         assert wait_done(url, token, job_id)["state"] == "SUCCEEDED"
+        check_cookie_opens_ui_pages_only(url, token)
+        if CHROMIUM is None:
+            pytest.skip("no Chromium installed (CI installs Debian's chromium in .ci/run)")
+        from selenium.webdriver.common.by import By
 
         driver = chrome(tmp_path)
         driver.set_page_load_timeout(30)

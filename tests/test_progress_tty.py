@@ -1,0 +1,120 @@
+"""``spotrain run``'s progress: on a terminal (a pseudo-terminal driven by pexpect) one line per job
+redrawn in place, in colour, with its phase and ETA, and no scheduler warnings; not on a terminal,
+plain lines. A second terminal can cancel the job meanwhile, and a ``spotrain run`` killed with
+SIGKILL is reported as what happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def wait_step(home: Path, name: str, step: int, timeout_s: float = 30) -> None:
+    """Until job ``name`` reports ``step`` (read from the database, as ``spotrain status`` does offline)."""
+    from autoscaler.home import db_url
+    from autoscaler.state import Store
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if (home / "spotrain.db").exists():
+            store = Store(db_url())
+            with store.session() as s:
+                job = store.job(s, name)
+                if job is not None and job.step >= step:
+                    return
+        time.sleep(0.1)
+    raise AssertionError(f"{name} did not reach step {step}")
+
+
+def cli_env(home: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "SPOTRAIN_HOME": str(home), "PW_STEP_S": "0.05", **extra}
+
+
+@pytest.mark.e2e
+def test_run_on_a_tty_redraws_one_progress_line(spotrain_home: Path, tmp_path: Path) -> None:
+    spec = write_pw_spec(tmp_path, name="tty", workers="{min: 1, max: 1}")
+    child = pexpect.spawn(sys.executable, ["-m", "autoscaler.cli.main", "run", str(spec)], env=cli_env(
+        spotrain_home, PW_STEPS="50", TERM="xterm-256color"), dimensions=(40, 180), encoding="utf-8", timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    raw = child.before
+    assert child.exitstatus == 0, raw[-3000:]
+    # Redrawn in place: the cursor goes back up over the job's line (rich.live), many times.
+    assert raw.count("\x1b[1A") + raw.count("\x1b[2K") >= 3, raw[-2000:]
+    assert re.search(r"\x1b\[[0-9;]*3[0-9]m", raw), "no colour on a terminal"
+    text = ANSI.sub("", raw)
+    assert re.search(r"tty-\w+  training  \d+/50 \(\d+%\)  [\d,]+ samples/s  ETA \d+:\d\d", text), text[-2000:]
+    assert "starting workers" in text or "provisioning" in text
+    # Drawn in place: many draws of the training line, all on one or two lines of the terminal.
+    draws = text.count("  training  ")
+    assert draws >= 3 and len([line for line in text.split("\n") if "  training  " in line]) < draws / 2
+    for noise in ("apscheduler", "maximum number of running instances", "skipped", "Traceback"):
+        assert noise not in text
+    assert "job         tty-" in text and "(SUCCEEDED)" in text
+
+
+@pytest.mark.e2e
+def test_not_a_tty_lines_and_cancel_from_a_second_terminal(spotrain_home: Path, tmp_path: Path) -> None:
+    spec = write_pw_spec(tmp_path, name="pipe", workers="{min: 1, max: 1}")
+    run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=cli_env(spotrain_home, PW_STEPS="400"))
+    try:
+        info = spotrain_home / "controller.json"
+        deadline = time.time() + 30
+        while time.time() < deadline and not info.exists():
+            time.sleep(0.1)
+        assert json.loads(info.read_text())["embedded"].startswith("run-")
+        wait_step(spotrain_home, "pipe", 60)
+        cancel = run_cli("cancel", "pipe")
+        assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout, cancel.stderr
+        out, err = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, err
+    assert "\x1b" not in out and "\r" not in out  # no terminal: no escapes, no redraws
+    lines = out.strip().splitlines()
+    assert all(line.startswith(("[", "spotrain:", "job ", "wall ", "preemptions", "cost ", "reason", "result")) or not line
+               for line in lines), lines
+    assert any("  training  " in line for line in lines) and "RUNNING -> CANCELLED" in out
+    assert not info.exists()  # the embedded controller's record goes with it
+    assert worker_pids(str(PROTOCOL_WORKER)) == []
+
+
+@pytest.mark.e2e
+def test_a_killed_run_is_reported_as_what_happened(spotrain_home: Path, tmp_path: Path) -> None:
+    """kill -9 of `spotrain run`: its workers are detached and finish on their own; the next `spotrain
+    run` finds the job and records how it ended, not that its workers were stopped."""
+    spec = write_pw_spec(tmp_path, name="killed", workers="{min: 1, max: 1}")
+    run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env=cli_env(spotrain_home, PW_STEPS="50"))
+    wait_step(spotrain_home, "killed", 5)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait(timeout=10)
+    deadline = time.time() + 30
+    while time.time() < deadline and worker_pids(str(PROTOCOL_WORKER)):
+        time.sleep(0.2)  # the workers run on to the end
+    # What the next `spotrain run` does first (in process here: a second run would only add seconds).
+    from autoscaler.cli.run import reap_abandoned_runs
+    from autoscaler.home import db_url
+    from autoscaler.state import Store
+
+    assert len(reap_abandoned_runs(Store(db_url()))) == 1
+    st = json.loads(run_cli("status", "killed", "--json").stdout.strip().splitlines()[-1])
+    logs = run_cli("logs", "killed").stdout
+    assert "spotrain run that owned this job was killed" in logs and "workers had ended on their own" in logs, logs
+    assert st["state"] in ("SUCCEEDED", "FAILED") and "were stopped" not in logs
+    assert st["step"] == 50
