@@ -252,8 +252,10 @@ def _credentials(controller: Controller, token: str) -> tuple[Callable[[str], bo
 
 
 def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
-    """The controller's app. ``max_body_bytes`` and ``body_timeout_s`` bound each request's body."""
+               body_timeout_s: float = BODY_TIMEOUT_S, refuse_submit: str | None = None) -> FastAPI:
+    """The controller's app. ``max_body_bytes`` and ``body_timeout_s`` bound each request's body.
+    ``refuse_submit``: why this controller takes no new jobs (the embedded one of ``spotrain run``,
+    which ends with that command), or None."""
     app = FastAPI(title="spotrain controller", version="1")
     install_error_handlers(app)
     started = time.time()
@@ -276,6 +278,8 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
 
     @app.post("/v1/jobs", dependencies=[Depends(auth)], response_model=JobSummary, responses=_refusals(409, 422))
     def submit(req: SubmitRequest) -> Any:
+        if refuse_submit:
+            raise Conflict(refuse_submit)
         spec = spec_from_dict(req.spec)
         workdir = Path(req.workdir)
         if not workdir.is_absolute() or not workdir.is_dir():

@@ -78,6 +78,9 @@ def test_not_a_tty_lines_and_cancel_from_a_second_terminal(spotrain_home: Path, 
             time.sleep(0.1)
         assert json.loads(info.read_text())["embedded"].startswith("run-")
         wait_step(spotrain_home, "pipe", 60)
+        # New jobs are not taken by a controller that ends with its command.
+        other = run_cli("submit", str(write_pw_spec(tmp_path, name="other")))
+        assert other.returncode != 0 and "embedded one of a `spotrain run`" in other.stderr, other.stderr
         cancel = run_cli("cancel", "pipe")
         assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout, cancel.stderr
         out, err = run.communicate(timeout=30)

@@ -147,7 +147,9 @@ class _EmbeddedApi:
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(ctl, ensure_token()), log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(create_app(ctl, ensure_token(), refuse_submit=(
+            f"the controller here is the embedded one of a `spotrain run` (pid {os.getpid()}), which ends with it; "
+            "start a controller for new jobs with `spotrain controller start --daemon`")), log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
                                        name="spotrain-run-api")
         self.thread.start()
