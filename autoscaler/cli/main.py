@@ -13,8 +13,9 @@ from typing import Any
 import click
 
 COMMANDS = {
-    "run": ("autoscaler.cli.run", "Run a job on an embedded controller and the local cloud, follow it to the end."),
-    "controller": ("autoscaler.cli.controller", "Run the controller service."),
+    "run": ("autoscaler.cli.run", "Run a job and follow it to the end (on the started controller, else an embedded "
+                                  "one on the local cloud); --detach returns at once."),
+    "controller": ("autoscaler.cli.controller", "Start (--daemon: in the background), stop or check the controller service."),
     "init": ("autoscaler.cli.start", "Write a job.yaml and train.py skeleton that run as they are."),
     "validate": ("autoscaler.cli.start", "Check a job spec without running it."),
     "offerings": ("autoscaler.cli.offerings", "List offerings with on-demand and spot prices and availability."),
