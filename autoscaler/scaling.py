@@ -1,15 +1,29 @@
-"""The job's scaling model from its spec (``simulate.scaling``), for the policy and the simulator.
+"""The job's scaling model from its spec (``simulate.scaling``), for the policy and the simulator; and
+``GoodputScaling``, the scaling of a job by Pollux goodput at the batch configuration it would train with.
 
 ``linear`` and ``{serial_fraction: f}`` are closed forms; ``{profile: PATH}`` is a measured Pollux
 profile (relative paths are resolved against the spec's folder when it is loaded). Profiles are read
 once per file version, not on every controller tick.
+
+``GoodputScaling`` (issue 11, docs/goodput.md "controller") is a ``Scaling`` whose speedup of an
+allocation is its goodput, at the batch configuration the runtime would choose for it, relative to one
+GPU at the initial batch size (the unit of ``simulate.work_gpu_hours``). With a fixed batch (``batch_policy:
+fixed``, or no gradient statistics yet) the total batch stays the initial one, split over the GPUs
+with the fewest accumulation steps that fit the per-GPU limit; with ``batch_policy: adaptive`` and
+gradient statistics it is ``GoodputFunction.optimize`` (Pollux section 3.2) within the spec's limits.
+Every allocation size of one node shape is valued in one vectorized call, then cached.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from pathlib import Path
 
+import numpy as np
+
+from cost_models.goodput import GoodputFunction, ThroughputModel
 from cost_models.scaling import AmdahlScaling, LinearScaling, ProfileScaling, Scaling, read_profile_csv
 
 from .errors import SpecError
@@ -52,3 +66,111 @@ def measured_scaling(spec: JobSpec) -> Scaling | None:
         return spec_scaling(spec)
     except SpecError:
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """A batch configuration: ``batch_size`` examples per optimizer step = GPUs x ``local_bsz`` x
+    (``accum_steps`` + 1). What the controller tells a gang to train with (``SPOTRAIN_BATCH_JSON``)."""
+
+    batch_size: int
+    local_bsz: int
+    accum_steps: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"batch_size": self.batch_size, "local_bsz": self.local_bsz, "accum_steps": self.accum_steps}
+
+    def describe(self, gpus: int | None = None) -> str:
+        per = f"{self.local_bsz} per GPU" + (f" x {gpus} GPU(s)" if gpus else "")
+        acc = f", {self.accum_steps} accumulation step(s)" if self.accum_steps else ""
+        return f"batch {self.batch_size} ({per}{acc})"
+
+
+def batch_limits(spec: JobSpec) -> tuple[int, int, int | None]:
+    """(initial batch M0, the adaptive cap, the per-GPU limit) from the spec. Without
+    ``training.max_batch_size`` the cap is M0 x ``workers.max`` (the per-GPU batch of one GPU at M0,
+    kept on every GPU); the per-GPU limit is ``training.max_local_batch_size`` when the spec has it."""
+    t = spec.training
+    m0 = t.global_batch_size
+    cap = t.max_batch_size if t.max_batch_size is not None else m0 * max(1, spec.workers.max)
+    local = getattr(t, "max_local_batch_size", None)
+    return m0, max(cap, m0), int(local) if local else None
+
+
+class GoodputScaling:
+    """Speedup of an allocation = goodput at its batch configuration / goodput of one GPU at M0.
+
+    ``grad`` = (grad_sqr, grad_var) measured at M0; with ``adaptive`` and ``grad`` the batch is
+    optimized, otherwise it stays M0. Hashes by identity (a new measurement makes a new object)."""
+
+    def __init__(self, model: ThroughputModel, *, init_batch_size: int, max_batch_size: int,
+                 max_local_bsz: int | None = None, grad: tuple[float, float] | None = None,
+                 adaptive: bool = False) -> None:
+        self.model = model
+        self.init_batch_size = int(init_batch_size)
+        self.max_batch_size = max(int(max_batch_size), self.init_batch_size)
+        self.max_local_bsz = max_local_bsz
+        self.grad = grad
+        self.fn: GoodputFunction | None = None
+        if adaptive and grad is not None:
+            self.fn = GoodputFunction(model, grad_sqr=grad[0], grad_var=grad[1], init_batch_size=self.init_batch_size)
+        self._base = float(self._fixed(np.ones(1), np.ones(1))[0][0])
+        self._tables: dict[int, tuple[np.ndarray, list[BatchConfig | None]]] = {}
+
+    @property
+    def adaptive(self) -> bool:
+        return self.fn is not None
+
+    def _fixed(self, n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Throughput (examples/s) at the initial batch split over ``k`` GPUs: (goodput, local, accum)."""
+        m0 = float(self.init_batch_size)
+        hi = float(self.max_local_bsz) if self.max_local_bsz else math.inf
+        accum = np.maximum(np.ceil(m0 / (k * hi) - 1e-9) - 1, 0) if math.isfinite(hi) else np.zeros_like(k)
+        local = m0 / (k * (accum + 1))
+        return np.asarray(self.model.throughput(n, k, local, accum), dtype=np.float64), local, accum
+
+    def _table(self, per_node: int, upto: int) -> tuple[np.ndarray, list[BatchConfig | None]]:
+        hit = self._tables.get(per_node)
+        if hit is not None and len(hit[1]) > upto:
+            return hit
+        size = max(upto + 1, 2 * len(hit[1]) if hit else 17)
+        k = np.arange(1, size, dtype=np.float64)
+        n = np.ceil(k / per_node)
+        if self.fn is not None:
+            c = self.fn.optimize(n, k, max_batch_size=self.max_batch_size, max_local_bsz=self.max_local_bsz)
+            good = np.asarray(c.goodput, dtype=np.float64)
+            batches = [BatchConfig(int(b), int(m), int(s)) if g > 0 else None
+                       for g, b, m, s in zip(good, c.batch_size, c.local_bsz, c.accum_steps)]
+        else:
+            good, local, accum = self._fixed(n, k)
+            batches = [BatchConfig(self.init_batch_size, max(1, int(math.ceil(m - 1e-9))), int(s))
+                       for m, s in zip(local, accum)]
+        table = (np.concatenate([[0.0], good / self._base]), [None, *batches])
+        self._tables[per_node] = table
+        return table
+
+    def speedup(self, workers: int, gpus_per_node: int = 1) -> float:
+        if workers <= 0:
+            return 0.0
+        return float(self._table(max(1, gpus_per_node), workers)[0][workers])
+
+    def batch(self, workers: int, gpus_per_node: int = 1) -> BatchConfig | None:
+        """The batch configuration the runtime would train ``workers`` GPUs with (None: none fits)."""
+        if workers <= 0:
+            return None
+        return self._table(max(1, gpus_per_node), workers)[1][workers]
+
+    def speedup_at(self, workers: int, gpus_per_node: int, batch: BatchConfig, grad: tuple[float, float] | None = None) -> float:
+        """Speedup of ``workers`` GPUs training at ``batch`` (the simulated workers' true rate), with
+        the statistical efficiency of ``grad`` (default: this model's; none: 1)."""
+        if workers <= 0:
+            return 0.0
+        n = math.ceil(workers / max(1, gpus_per_node))
+        local = batch.batch_size / (workers * (batch.accum_steps + 1))
+        tput = float(self.model.throughput(n, workers, local, batch.accum_steps))
+        g = grad if grad is not None else self.grad
+        eff = 1.0
+        if g is not None and g[0] > 0:
+            phi = g[1] / g[0] * self.init_batch_size
+            eff = (phi + self.init_batch_size) / (phi + batch.batch_size)
+        return tput * eff / self._base

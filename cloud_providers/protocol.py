@@ -16,6 +16,8 @@ Environment given to every worker process (torchrun-compatible, so the runtime a
     SPOTRAIN_TRAINING_JSON         the spec's ``training`` section, as JSON
     SPOTRAIN_NOTICE_FILE           a file whose appearance is a notice (JSON body, see below)
     SPOTRAIN_PROGRESS_FILE         rank 0 atomically rewrites this JSON file with its progress
+    SPOTRAIN_BATCH_JSON            optional: the batch configuration the controller chose for this gang,
+                                   {"batch_size", "local_bsz", "accum_steps"} (absent: the spec's batch)
 
 Notice file body: {"reason": "preemption"|"rebalance"|"rescale"|"cancel", "deadline_unix_s": float}.
 On a notice every rank stops at the same next minibatch boundary, a checkpoint is written and the
@@ -26,7 +28,12 @@ metric_name, step_time_s, samples_per_s, world_size, last_checkpoint_step, final
 grad_sqr, grad_var, stall_s, updated_unix_s, completed (true once the final weights are durable and
 the planned work is done: with ``final_model``, the record the controller needs to call a job
 SUCCEEDED; workers that exit 0 without it fail the job as a user error), stopped_at_notice (true once
-the workers checkpointed at a stop notice: they must now exit EXIT_RESCHEDULE).
+the workers checkpointed at a stop notice: they must now exit EXIT_RESCHEDULE); and (issue 11)
+batch_size, local_bsz, accum_steps (the batch configuration training at now) and profile: a list with
+one object per configuration trained at, {nodes, replicas, local_bsz, accum_steps, step_time_s
+(seconds per optimizer step), sync_time_s (optional: the wait for gradient synchronisation after the
+backward pass)}, which the controller fits its goodput model to. grad_sqr and grad_var are measured
+at, and normalised to, the spec's global_batch_size.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ ENV_CHECKPOINT_KEEP = "SPOTRAIN_CHECKPOINT_KEEP"
 ENV_TRAINING_JSON = "SPOTRAIN_TRAINING_JSON"
 ENV_NOTICE_FILE = "SPOTRAIN_NOTICE_FILE"
 ENV_PROGRESS_FILE = "SPOTRAIN_PROGRESS_FILE"
+ENV_BATCH_JSON = "SPOTRAIN_BATCH_JSON"
 
 NOTICE_PREEMPTION = "preemption"
 NOTICE_REBALANCE = "rebalance"

@@ -1,5 +1,6 @@
 """Making the instances match the policy's allocation: keep what fits, release surplus, launch what
-is missing, and start a new gang once the whole allocation is up.
+is missing, and start a new gang once the whole allocation is up, with the batch configuration the
+allocation carries (a running gang keeps its batch until it is changed anyway).
 
 A running gang is changed only at a minibatch boundary: it is told to checkpoint and exit, and
 replacements launch at once, overlapping its notice window.
@@ -19,6 +20,7 @@ from ..state import InstanceRow, Job
 from .budget import end_over_budget, launch_over_budget
 from .context import Context
 from .gangs import start_gang, tell_gang_to_stop
+from .goodput import rebatch_reason
 from .launches import end_job, launch, release
 
 _USABLE = (InstanceState.RUNNING.value, InstanceState.PENDING.value)
@@ -62,7 +64,7 @@ def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping
     ready = [r for r in ctx.store.instances(s, job.job_id, alive_only=True) if r.state == InstanceState.RUNNING.value]
     want = sum(p.instances for p in alloc.placements)
     if len(ready) >= want and want > 0:
-        start_gang(ctx, s, job, ready[:want])
+        start_gang(ctx, s, job, ready[:want], alloc.batch)
     elif job.state == JobState.PENDING.value:
         ctx.transition(s, job, JobState.PROVISIONING, f"provisioning {alloc.reason}")
 
@@ -72,6 +74,7 @@ def _change_running_gang(ctx: Context, s: Session, job: Job, alloc: Allocation, 
                          by_key: Mapping[str, Offering]) -> None:
     gang = [r for r in rows if r.attempt == job.gang_attempt]
     if not (missing or surplus or {r.instance_id for r in gang} != {r.instance_id for r in keep}):
+        _rebatch(ctx, s, job, alloc, gang)
         return
     if (why := launch_over_budget(ctx, s, job, missing, by_key)) is not None:
         growing = job.state == JobState.RUNNING.value and {r.instance_id for r in gang} <= {r.instance_id for r in keep}
@@ -84,3 +87,15 @@ def _change_running_gang(ctx: Context, s: Session, job: Job, alloc: Allocation, 
         ctx.transition(s, job, JobState.RESCALING, f"resizing to {alloc.reason}")
     # Launch replacements now, while the old gang checkpoints (overlaps the notice window).
     launch(ctx, s, job, missing, by_key)
+
+
+def _rebatch(ctx: Context, s: Session, job: Job, alloc: Allocation, gang: list[InstanceRow]) -> None:
+    """The allocation keeps the running gang but trains better at another batch: restart it at a
+    minibatch boundary (checkpoint, exit, start again with ``alloc.batch``) when that pays."""
+    if job.state != JobState.RUNNING.value or job.gang_stopping or any(r.state != InstanceState.RUNNING.value for r in gang):
+        return
+    gpus, per_node = sum(r.gpus for r in gang), max((r.gpus for r in gang), default=1)
+    why = rebatch_reason(ctx, job, alloc.batch, gpus, per_node)
+    if why is not None:
+        tell_gang_to_stop(ctx, job, gang, "rescale")
+        ctx.transition(s, job, JobState.RESCALING, why)

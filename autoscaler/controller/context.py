@@ -25,6 +25,7 @@ from ..market_watch import MarketWatcher
 from ..policy import Policy
 from ..spec import JobSpec, spec_from_dict
 from ..state import Job, Store
+from .goodput import Fits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,8 @@ class Context:
     releasing: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     # Provider-clock time by which the policy asked to be asked again (None: no request).
     next_wake_s: float | None = None
+    # The goodput model fitted for each job from its reports (``goodput.scaling_for``).
+    goodput: Fits = dataclasses.field(default_factory=Fits)
     _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
 
     def now(self) -> float:
@@ -113,6 +116,6 @@ class Context:
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
         for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
-                  self.moving_since):
+                  self.moving_since, self.goodput):
             d.pop(job_id, None)  # type: ignore[attr-defined]
 

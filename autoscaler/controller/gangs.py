@@ -22,10 +22,12 @@ from cloud_providers.base import InstanceState
 from cloud_providers.executor import GangState, WorkerLaunch
 
 from ..domain import JobState
+from ..scaling import BatchConfig
 from ..state import InstanceRow, Job
 from ..state.models import ProgressSample
 from . import outcomes
 from .context import Context
+from .goodput import note_gang_batch, record_report
 from .launches import end_job
 
 log = logging.getLogger("spotrain.controller")
@@ -97,6 +99,7 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
     if prog:
         ckpt_before = job.last_checkpoint_step
         apply_progress(ctx, job, prog)
+        record_report(ctx, s, job, prog)
         if job.last_checkpoint_step and job.last_checkpoint_step != ckpt_before:
             # The progress history `spotrain report` plots, and one log line per checkpoint.
             s.add(ProgressSample(job_id=job.job_id, ts=ctx.now(), clock_s=ctx.provider.now_s(), step=job.step,
@@ -272,7 +275,9 @@ def gang_failed_user(ctx: Context, s: Session, job: Job, gang: list[InstanceRow]
         f"user code failed: {what}; restart {job.restarts_on_errors} of {limit}", tail))
 
 
-def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -> None:
+def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], batch: BatchConfig | None = None) -> None:
+    """Start the job's next attempt on ``members``; ``batch``: the batch configuration the allocation
+    chose (the goodput optimizer's), given to the workers as ``SPOTRAIN_BATCH_JSON``."""
     spec = ctx.spec(job)
     job.attempt += 1
     job.gang_attempt = job.attempt
@@ -286,6 +291,7 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -
         ctx.restart_marks[job.job_id]["launched"] = max(r.launched_at_s for r in members)
     for r in members:
         r.attempt = job.attempt
+    note_gang_batch(ctx, s, job, batch, world)
     # Write-ahead, as for launches: the attempt and its rendezvous port are durable before any worker
     # starts. Otherwise a crash between two members' starts leaves agents of an attempt number the
     # database never recorded; the next controller reuses that number, the executor keeps the agents
@@ -301,6 +307,8 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -
         protocol.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.keep),
         protocol.ENV_TRAINING_JSON: json.dumps(spec.training.model_dump(mode="json")),
     }
+    if batch is not None:
+        env[protocol.ENV_BATCH_JSON] = json.dumps(batch.to_json())
     rank = 0
     log_dir = str(ctx.logs_dir(job.job_id))
     for r in members:

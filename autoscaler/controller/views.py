@@ -1,7 +1,8 @@
 """What the controller shows: the policy's view of a job, and the job's summary for the API and CLI.
 
 ``job_view`` is the one ``JobView`` builder: the controller builds every view through it, on the wall
-clock as a service and on the virtual clock as the simulator. ``job_summary`` lives in the light
+clock as a service and on the virtual clock as the simulator. Its ``scaling`` is the job's goodput
+function once the workers reported a profile (``goodput.scaling_for``), else the spec's. ``job_summary`` lives in the light
 ``autoscaler.summary`` (the CLI's ``status`` reads it without importing the controller) and is
 re-exported here.
 """
@@ -17,6 +18,7 @@ from ..policy import Held, JobView
 from ..summary import job_summary
 from ..state import InstanceRow, Job
 from .context import Context
+from .goodput import scaling_for
 
 __all__ = ["held_of", "job_view", "job_summary"]
 
@@ -65,7 +67,7 @@ def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mappin
         cost_so_far_usd=job.cost_usd,
         restart_overhead_s=job.restart_overhead_s,
         recent_capacity_failures=dict(ctx.capacity_failures.get(job.job_id, {})),
-        scaling=ctx.scaling_of(job.job_id, spec),
+        scaling=scaling_for(ctx, job, spec),
         since_checkpoint_s=_since_checkpoint_s(ctx, job),
         restarting=restarting,
     )

@@ -15,6 +15,7 @@ from cloud_providers.base import Offering
 from cost_models.scaling import Scaling
 
 from ..domain import Outcome
+from ..scaling import BatchConfig
 from ..spec import JobSpec
 
 
@@ -43,9 +44,10 @@ class JobView:
     restart_overhead_s: float | None = None
     # Offerings that refused capacity recently (key -> provider clock time of the refusal).
     recent_capacity_failures: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    # The job's throughput model when known (a ``cost_models.scaling.Scaling``: a profile fitted to
-    # measured step times, or the simulator's model). None: the policy uses the spec's
-    # ``simulate.scaling`` when it is linear or a serial fraction, and a prior otherwise.
+    # The job's throughput model when known (a ``cost_models.scaling.Scaling``: the controller's
+    # ``GoodputScaling`` fitted to the job's reported profile and gradient statistics, a spec's
+    # profile, or the simulator's model). None: the policy uses the spec's ``simulate.scaling`` when
+    # it is linear or a serial fraction, and a prior otherwise.
     scaling: Scaling | None = None
     # Seconds since the last checkpoint (work lost if preempted without time to checkpoint); None: unknown.
     since_checkpoint_s: float | None = None
@@ -80,6 +82,9 @@ class Allocation:
     # when a deadline's safety net will trip). The simulator uses it to skip idle time; a controller
     # that decides every few seconds may ignore it.
     next_decision_s: float | None = None
+    # The batch configuration the job should train this allocation with (the goodput optimizer's pick,
+    # when the job's scaling is a ``GoodputScaling``); None: the runtime's own (the spec's batch).
+    batch: BatchConfig | None = None
 
     def workers(self, offerings: Mapping[str, Offering]) -> int:
         return sum(p.instances * offerings[p.offering_key].gpus for p in self.placements if p.offering_key in offerings)

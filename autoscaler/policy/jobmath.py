@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cost_models.scaling import AmdahlScaling, LinearScaling, Scaling, accelerator_speed
 
+from ..scaling import BatchConfig, GoodputScaling
 from .base import Held, JobView, Placement, PolicyInput, eligible_offerings
 
 # A market that refused capacity is avoided for this long (seconds).
@@ -64,6 +65,38 @@ def gang_rate(scaling: Scaling, parts: Iterable[tuple[Offering, int]]) -> float:
     if workers == 0:
         return 0.0
     return speed * scaling.speedup(workers, per_node)
+
+
+def gang_shape(parts: Iterable[tuple[Offering, int]]) -> tuple[int, int]:
+    """(GPUs, GPUs per node) of a gang, as ``gang_rate`` counts them."""
+    workers, per_node = 0, 1
+    for o, n in parts:
+        if n > 0:
+            workers += n * o.gpus
+            per_node = max(per_node, o.gpus)
+    return workers, per_node
+
+
+def gang_batch(scaling: Scaling, parts: Iterable[tuple[Offering, int]]) -> BatchConfig | None:
+    """The batch configuration a gang would train with: the goodput optimizer's pick for a job with a
+    ``GoodputScaling`` (None otherwise: the runtime keeps the spec's batch)."""
+    if not isinstance(scaling, GoodputScaling):
+        return None
+    workers, per_node = gang_shape(parts)
+    return scaling.batch(workers, per_node)
+
+
+def goodput_sizes(scaling: Scaling, nmin: int, nmax: int) -> set[int]:
+    """Gang sizes worth valuing besides ``workers.min`` / ``max``: for a job valued by goodput, the
+    powers of two in between (a job that scales poorly may be worth most on a few GPUs)."""
+    if not isinstance(scaling, GoodputScaling):
+        return set()
+    out, n = set(), 1
+    while n < nmax:
+        if n > nmin:
+            out.add(n)
+        n *= 2
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

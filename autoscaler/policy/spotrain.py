@@ -7,7 +7,8 @@ Per job (``plan_job``):
    first, then spot offerings by risk-adjusted price per unit of work); spot topped up with on-demand
    (a heterogeneous gang, Can't Be Late section 5.5); and all-on-demand gangs.
 2. Score. ``cost_models.objective.goodput_per_usd``: the job's scaling model (or a prior) and the
-   accelerator's speed give the rate; each spot offering's hazard comes from what the controller saw
+   accelerator's speed give the rate (for a job the controller fits by goodput, a ``GoodputScaling``:
+   goodput at the batch configuration the runtime would choose, which the allocation carries); each spot offering's hazard comes from what the controller saw
    (preemptions per held hour, room vanishing per watched hour, a Gamma prior for unseen offerings),
    decreasing with the age of the current run of availability (heavy-tailed lifetimes); each
    preemption loses the restart overhead (measured when known) plus the work since the last
@@ -185,7 +186,8 @@ def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping
             why = p.reason if not p.candidates else "waiting: quotas, spend limit or spot room taken by other jobs"
             out[i] = Allocation(p.job_id, (), reason=why, next_decision_s=p.wake_s)
         else:
-            out[i] = Allocation(p.job_id, chosen.placements, reason=f"{chosen.kind}: {p.reason}", next_decision_s=p.wake_s)
+            out[i] = Allocation(p.job_id, chosen.placements, reason=f"{chosen.kind}: {p.reason}", next_decision_s=p.wake_s,
+                                batch=chosen.batch)
     return [out[i] for i in range(len(plans))]
 
 

@@ -17,10 +17,13 @@ from cost_models import objective
 from cost_models.scaling import Scaling
 
 from ..domain import Outcome
+from ..scaling import BatchConfig
 from .base import JobView, MarketHistory, Placement, PolicyInput
 from .jobmath import (
     cap_refused,
+    gang_batch,
     gang_rate,
+    goodput_sizes,
     job_scaling,
     on_demand_allowed,
     remaining_work,
@@ -47,6 +50,8 @@ class Candidate:
     price_usd_per_hour: float
     score: float
     kind: str
+    # The batch configuration the job would train this gang with (jobs valued by goodput; else None).
+    batch: BatchConfig | None = None
 
     @property
     def spot_instances(self) -> Mapping[str, int]:
@@ -178,14 +183,16 @@ def candidate_placements(ctx: PlanContext, shared: dict[tuple[object, ...], obje
     """Allocations worth scoring, each once, with what kind they are: the current one; for each gang
     size (max, min, and what the job holds) a spot fill, a spot fill topped up with on-demand (Can't Be
     Late's heterogeneous gang, section 5.5), the cheapest on-demand gangs, and single-offering spot
-    gangs on the least risky offerings (lifetimes differ by zone). Bounded by ``spot_candidates`` and
+    gangs on the least risky offerings (lifetimes differ by zone); for a job valued by goodput, the
+    powers of two between min and max as well (``goodput_sizes``). Bounded by ``spot_candidates`` and
     ``od_candidates`` so that a decision over a thousand jobs stays fast."""
     job, usable, params = ctx.job, ctx.usable, ctx.params
     nmax, nmin = job.spec.workers.max, job.spec.workers.min
     raw: list[tuple[tuple[Placement, ...], str]] = []
     if ctx.cur and all(k in ctx.by_key for (k, _) in ctx.held):
         raw.append((ctx.cur, "keep"))
-    sizes = sorted({nmax, nmin, sum(h.instances * h.gpus_per_instance for h in job.held) or nmax})
+    sizes = sorted({nmax, nmin, sum(h.instances * h.gpus_per_instance for h in job.held) or nmax}
+                   | goodput_sizes(ctx.scaling, nmin, nmax))
     for n in sizes:
         if n < nmin or n > nmax:
             continue
@@ -308,5 +315,5 @@ def score_candidates(ctx: PlanContext, cands: Sequence[tuple[tuple[Placement, ..
         switch_s = ctx.switch_s(pl)
         horizon = min(horizon_cap, w_rem / rate / objective.productive_fraction(lam, ctx.loss_s) + switch_s) if w_rem > 0 else lag
         score = objective.goodput_per_usd(rate, price, horizon_s=max(horizon, lag), hazard_per_hour=lam, loss_s=ctx.loss_eff_s, switch_s=switch_s)
-        scored.append(Candidate(pl, rate, price, score, kind))
+        scored.append(Candidate(pl, rate, price, score, kind, gang_batch(ctx.scaling, parts)))
     return scored

@@ -17,6 +17,13 @@ It implements the executor contract (``cloud_providers.executor``) the way the r
 
 Progress is reported through the worker protocol's fields (``step``, ``total_steps``,
 ``last_checkpoint_step``, ``final_model``), read by the controller exactly as a real rank 0's report.
+
+A workload with a ``profile`` (a Pollux throughput model, issue 11) trains as the runtime would: at
+the batch configuration the controller gave the gang (``SPOTRAIN_BATCH_JSON``; absent: the spec's
+batch split over the GPUs), progressing at its goodput under the true model and gradient statistics
+(``grad_stats``), and it reports what the runtime measures: one ``profile`` row per configuration
+trained at (seconds per step and the wait for synchronisation, from the model), ``grad_sqr`` /
+``grad_var`` and the batch configuration.
 ``next_event_s`` tells the simulation loop when something will next happen (an exit, the first step
 after a restart, a periodic checkpoint is not an event).
 """
@@ -24,6 +31,7 @@ after a restart, a periodic checkpoint is not an event).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,9 +40,11 @@ from cloud_providers import protocol
 from cloud_providers.base import Offering
 from cloud_providers.clock import Clock
 from cloud_providers.executor import GangState, WorkerLaunch, WorkerStatus
-from cost_models.scaling import Scaling
+from cost_models.goodput import ThroughputModel
+from cost_models.scaling import Scaling, accelerator_speed
 
-from ..policy.jobmath import gang_rate
+from ..policy.jobmath import gang_rate, gang_shape
+from ..scaling import BatchConfig, GoodputScaling
 
 
 STEPS_PER_S = 100
@@ -51,6 +61,12 @@ class SimWorkload:
     restart_overhead_s: float
     checkpoint_save_s: float = 30.0
     checkpoint_interval_s: float = 600.0
+    # The true throughput model (reference GPU): the workers run at, and report, its step times.
+    # None: progress follows ``scaling`` and no profile is reported.
+    profile: ThroughputModel | None = None
+    # The true (grad_sqr, grad_var) at the spec's batch, reported; they set the statistical
+    # efficiency of a larger batch. None: not reported, efficiency 1.
+    grad_stats: tuple[float, float] | None = None
 
     @property
     def total_steps(self) -> int:
@@ -69,6 +85,10 @@ class _Gang:
     exit_code: int | None = None
     lost: set[str] = dataclasses.field(default_factory=set)
     noticed: bool = False
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    batch: BatchConfig | None = None
+    # (nodes, replicas, local_bsz, accum_steps, step_time_s, sync_time_s) of this gang (profiled jobs).
+    row: tuple[int, int, float, int, float, float] | None = None
 
 
 @dataclasses.dataclass
@@ -81,6 +101,8 @@ class _Job:
     disrupted_s: float | None = None
     gang: _Gang | None = None
     final: bool = False
+    # The profile the runtime keeps in its checkpoints: one row per configuration trained at.
+    rows: dict[tuple[int, int, float, int], tuple[float, float]] = dataclasses.field(default_factory=dict)
 
 
 class SimulatedExecutor:
@@ -128,7 +150,7 @@ class SimulatedExecutor:
             o = self._offering_of(iid)
             if o is not None:
                 parts[o.key] = (o, parts.get(o.key, (o, 0))[1] + 1)
-        g.rate = gang_rate(w.scaling, parts.values())
+        g.rate = gang_rate(w.scaling, parts.values()) if w.profile is None else _profiled_rate(w, g, list(parts.values()))
         job.done = job.checkpoint  # resume from the last checkpoint
         job.as_of_s = t
         # The restart overhead runs from the change that made this gang: the disruption of the last
@@ -153,6 +175,7 @@ class SimulatedExecutor:
         if g is None or g.attempt != launch.attempt:
             g = job.gang = _Gang(launch.attempt, launch.world_size, {}, t)
         g.members[launch.instance_id] = list(launch.ranks)
+        g.env = launch.env
         self._instances[launch.instance_id] = key
         if sum(len(r) for r in g.members.values()) >= g.world_size:
             g.started_s = t
@@ -231,6 +254,7 @@ class SimulatedExecutor:
                                "last_checkpoint_step": int(math.floor(job.checkpoint * STEPS_PER_S + STEP_EPS))}
         if job.gang is not None and job.gang.rate > 0:
             out["step_time_s"] = 1.0 / (job.gang.rate * STEPS_PER_S)
+        _report_profile(job, self._now_s(), out)
         if job.checkpoint_s is not None:
             # In the controller's clock, as a real rank 0 reports wall time.
             out["last_checkpoint_unix_s"] = self.clock.now() - (self._now_s() - job.checkpoint_s)
@@ -262,3 +286,57 @@ class SimulatedExecutor:
                 if first > t + 1e-9:
                     best = min(best, first)
         return best
+
+
+def _gang_batch(g: _Gang) -> tuple[int, BatchConfig | None]:
+    """The spec's batch (from the gang's training JSON) and the batch the controller gave the gang."""
+    try:
+        m0 = int(json.loads(g.env.get(protocol.ENV_TRAINING_JSON, "{}")).get("global_batch_size", 32))
+    except (ValueError, TypeError, AttributeError):
+        m0 = 32
+    raw = g.env.get(protocol.ENV_BATCH_JSON)
+    if not raw:
+        return m0, None
+    d = json.loads(raw)
+    return m0, BatchConfig(int(d["batch_size"]), int(d["local_bsz"]), int(d.get("accum_steps", 0)))
+
+
+def _profiled_rate(w: SimWorkload, g: _Gang, parts: list[tuple[Offering, int]]) -> float:
+    """Work per second of a profiled workload's gang: its goodput at its batch under the true model,
+    relative to one reference GPU at the spec's batch; the slowest GPU sets the pace. Also sets the
+    gang's profile row (step times on that GPU)."""
+    assert w.profile is not None
+    workers, per_node = gang_shape(parts)
+    if workers == 0:
+        return 0.0
+    m0, batch = _gang_batch(g)
+    if batch is None:  # the spec's batch, split over the GPUs
+        batch = BatchConfig(m0, max(1, math.ceil(m0 / workers)), 0)
+        local = m0 / workers
+    else:
+        local = batch.batch_size / (workers * (batch.accum_steps + 1))
+    g.batch = batch
+    speed = min(accelerator_speed(o.accelerator) for o, n in parts if n > 0)
+    truth = GoodputScaling(w.profile, init_batch_size=m0, max_batch_size=m0, grad=w.grad_stats)
+    nodes = math.ceil(workers / per_node)
+    step = float(w.profile.step_time(nodes, workers, local, batch.accum_steps))
+    compute = (batch.accum_steps + 1) * float(w.profile.grad_time(local))
+    g.row = (nodes, workers, local, batch.accum_steps, step / speed, max(0.0, step - compute) / speed)
+    return speed * truth.speedup_at(workers, per_node, BatchConfig(batch.batch_size, batch.local_bsz, batch.accum_steps))
+
+
+def _report_profile(job: _Job, now_s: float, out: dict[str, Any]) -> None:
+    """What a profiling runtime adds to its report: the profile (a row once the gang trains),
+    the gradient statistics, the batch configuration."""
+    w, g = job.workload, job.gang
+    if w.profile is None:
+        return
+    if g is not None and g.row is not None and g.rate > 0 and now_s > g.resume_s:
+        job.rows[g.row[:4]] = g.row[4:]
+    if job.rows:
+        keys = ("nodes", "replicas", "local_bsz", "accum_steps")
+        out["profile"] = [{**dict(zip(keys, k)), "step_time_s": v[0], "sync_time_s": v[1]} for k, v in sorted(job.rows.items())]
+    if w.grad_stats is not None:
+        out["grad_sqr"], out["grad_var"] = w.grad_stats
+    if g is not None and g.batch is not None and g.rate > 0:
+        out.update(g.batch.to_json())

@@ -64,6 +64,14 @@ class Job(Base):
     # Measured seconds (wall) from a gang stop to training running again; feeds the policy.
     restart_overhead_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     scenario_json: Mapped[str] = mapped_column(Text, default="")
+    # What the workers reported of the job's speed (issue 11): the profile, one row per configuration
+    # (JSON list of {nodes, replicas, local_bsz, accum_steps, step_time_s, sync_time_s}), and the
+    # gradient statistics at the initial batch size; the controller fits its goodput model to them.
+    profile_json: Mapped[str] = mapped_column(Text, default="")
+    grad_sqr: Mapped[float | None] = mapped_column(Float, nullable=True)
+    grad_var: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The batch configuration the running (or last) gang was told to train with (JSON; "" = the spec's).
+    batch_json: Mapped[str] = mapped_column(Text, default="")
 
 
 class InstanceRow(Base):

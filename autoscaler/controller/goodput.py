@@ -1,0 +1,278 @@
+"""The controller's goodput model of each job (issue 11, item 5; docs/goodput.md "controller").
+
+Rank 0's progress reports carry, besides the step, the job's *profile* (one row per configuration it
+trained at: nodes, replicas, per-GPU batch, accumulation steps, seconds per optimizer step and the
+non-overlapped wait for gradient synchronisation) and its gradient statistics (``grad_sqr``,
+``grad_var`` at the initial batch size). ``record_report`` keeps them on the job's row (``profile_json``,
+``grad_sqr``, ``grad_var``: they survive a controller restart); ``scaling_for`` gives the policy the
+job's goodput function as a ``GoodputScaling`` (``autoscaler.scaling``), through the one ``JobView``
+builder.
+
+Bounded cost per tick: the throughput model is refitted (``ThroughputModel.fit``, tens of
+milliseconds for a job's few rows) only when the profile changed, at once when a new configuration
+arrived and otherwise at most every ``REFIT_EVERY_S`` of the controller's clock, and at most
+``MAX_FITS_PER_TICK`` times per tick over all jobs (a job whose turn has not come keeps its last model).
+
+Before any data the job's scaling is what it was: the spec's ``simulate.scaling`` (or the simulator's
+model), else the policy's prior. Gradient statistics without a profile refine a spec profile's model;
+with neither there is nothing to fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from cost_models.goodput import ThroughputModel
+from cost_models.scaling import ProfileScaling, Scaling
+
+from ..policy.jobmath import DEFAULT_RESTART_OVERHEAD_S
+from ..scaling import BatchConfig, GoodputScaling, batch_limits
+from ..spec import JobSpec
+from ..state import Job
+
+if TYPE_CHECKING:
+    from .context import Context
+
+# A changed measurement of a known configuration is kept only when it moved by more than this share.
+PROFILE_TOLERANCE = 0.02
+# Gradient statistics are kept when they moved by more than this share (they drift every step).
+GRAD_TOLERANCE = 0.05
+# Configurations kept per job (a report is bounded too: the remote wire caps its size).
+MAX_PROFILE_ROWS = 64
+# Controller-clock seconds between two refits of a job's model when no new configuration arrived.
+REFIT_EVERY_S = 300.0
+# Throughput fits per tick over all jobs.
+MAX_FITS_PER_TICK = 2
+# A running gang is restarted only to change its batch when the goodput it gains is more than this
+# share (Pollux's runtime re-optimizes at 5 %) and the time it saves pays this many restarts.
+REBATCH_GAIN = 0.05
+REBATCH_PAYBACK_RESTARTS = 3.0
+BATCH_EVENT = "batch"
+
+_Row = tuple[int, int, float, int, float, float | None]  # nodes, replicas, local_bsz, accum, step_s, sync_s
+
+
+@dataclasses.dataclass
+class JobFit:
+    """What the controller fitted for one job, and from what."""
+
+    key: tuple[str, float | None, float | None]  # (profile_json, grad_sqr, grad_var) it was built from
+    profile_json: str
+    configs: int
+    at: float  # controller clock
+    model: ThroughputModel | None
+    scaling: Scaling | None
+
+
+@dataclasses.dataclass
+class Fits:
+    """Per-job fits, and the fit budget of the current tick."""
+
+    jobs: dict[str, JobFit] = dataclasses.field(default_factory=dict)
+    tick: int = -1
+    used: int = 0
+
+    def pop(self, job_id: str, default: object = None) -> object:
+        return self.jobs.pop(job_id, default)
+
+    def take(self, tick: int) -> bool:
+        if tick != self.tick:
+            self.tick, self.used = tick, 0
+        if self.used >= MAX_FITS_PER_TICK:
+            return False
+        self.used += 1
+        return True
+
+
+# ----- reading reports ---------------------------------------------------------------------------------
+
+
+def _num(v: Any, lo: float, hi: float) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v) if lo <= v <= hi else None
+
+
+def parse_row(r: Any) -> _Row | None:
+    """One reported profile row, or None when any field is missing, not finite or out of range."""
+    if not isinstance(r, Mapping):
+        return None
+    n, k = _num(r.get("nodes"), 1, 4096), _num(r.get("replicas"), 1, 65536)
+    m, a = _num(r.get("local_bsz"), 1e-9, 2**20), _num(r.get("accum_steps", 0), 0, 4096)
+    t = _num(r.get("step_time_s"), 1e-9, 1e5)
+    if n is None or k is None or m is None or a is None or t is None:
+        return None
+    if n != int(n) or k != int(k) or a != int(a) or n > k:
+        return None
+    sync = _num(r.get("sync_time_s"), 0.0, t) if r.get("sync_time_s") is not None else None
+    return (int(n), int(k), m, int(a), t, sync)
+
+
+def load_rows(profile_json: str) -> list[_Row]:
+    if not profile_json:
+        return []
+    try:
+        raw = json.loads(profile_json)
+    except ValueError:
+        return []
+    return [r for r in (parse_row(x) for x in raw) if r is not None] if isinstance(raw, list) else []
+
+
+def _dump_rows(rows: list[_Row]) -> str:
+    keys = ("nodes", "replicas", "local_bsz", "accum_steps", "step_time_s", "sync_time_s")
+    return json.dumps([dict(zip(keys, r)) for r in sorted(rows, key=lambda r: r[:4])], separators=(",", ":"))
+
+
+def _moved(old: float | None, new: float | None, tol: float) -> bool:
+    if old is None or new is None:
+        return old is not new
+    return abs(new - old) > tol * max(abs(old), 1e-12)
+
+
+def merge_profile(stored: str, reported: Any) -> str:
+    """The stored profile with the reported rows merged in (new configurations added up to
+    ``MAX_PROFILE_ROWS``; a known one replaced when its times moved by more than the tolerance)."""
+    if not isinstance(reported, list):
+        return stored
+    rows = {r[:4]: r for r in load_rows(stored)}
+    changed = False
+    for raw in reported[: 4 * MAX_PROFILE_ROWS]:
+        r = parse_row(raw)
+        if r is None:
+            continue
+        old = rows.get(r[:4])
+        if old is None and len(rows) >= MAX_PROFILE_ROWS:
+            continue
+        if old is None or _moved(old[4], r[4], PROFILE_TOLERANCE) or _moved(old[5], r[5], PROFILE_TOLERANCE):
+            rows[r[:4]] = r
+            changed = True
+    return _dump_rows(list(rows.values())) if changed else stored
+
+
+def record_report(ctx: Context, s: Session, job: Job, prog: Mapping[str, Any]) -> None:
+    """Keep the report's profile and gradient statistics on the job; note a batch change the runtime
+    made on its own (``batch_size`` in the report differs from the one recorded)."""
+    if "profile" in prog:
+        job.profile_json = merge_profile(job.profile_json or "", prog["profile"])
+    sqr, var = _num(prog.get("grad_sqr"), 0.0, 1e30), _num(prog.get("grad_var"), 0.0, 1e30)
+    if sqr is not None and var is not None and (
+            _moved(job.grad_sqr, sqr, GRAD_TOLERANCE) or _moved(job.grad_var, var, GRAD_TOLERANCE)):
+        job.grad_sqr, job.grad_var = sqr, var
+    reported = _reported_batch(prog)
+    if reported is not None and job.gang_attempt:
+        current = batch_of(job)
+        size = current.batch_size if current is not None else ctx.spec(job).training.global_batch_size
+        if size != reported.batch_size:
+            ctx.note(s, job, BATCH_EVENT, f"the workers changed to {reported.describe()}")
+            job.batch_json = json.dumps(reported.to_json())
+
+
+def _reported_batch(prog: Mapping[str, Any]) -> BatchConfig | None:
+    b, m = _num(prog.get("batch_size"), 1, 2**40), _num(prog.get("local_bsz"), 1, 2**30)
+    a = _num(prog.get("accum_steps", 0), 0, 4096)
+    if b is None or m is None or a is None:
+        return None
+    return BatchConfig(int(b), int(m), int(a))
+
+
+def batch_of(job: Job) -> BatchConfig | None:
+    """The batch configuration the job's gang was last told (or reported) to train with."""
+    if not job.batch_json:
+        return None
+    try:
+        d = json.loads(job.batch_json)
+        return BatchConfig(int(d["batch_size"]), int(d["local_bsz"]), int(d.get("accum_steps", 0)))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def note_gang_batch(ctx: Context, s: Session, job: Job, batch: BatchConfig | None, gpus: int) -> None:
+    """A new gang starts with ``batch`` (None: the spec's batch): record it, and an event if it changed."""
+    before = batch_of(job)
+    if batch == before:
+        return
+    if batch is None:
+        ctx.note(s, job, BATCH_EVENT, f"back to the spec's batch {ctx.spec(job).training.global_batch_size}")
+        job.batch_json = ""
+        return
+    was = f"from {before.batch_size}" if before is not None else f"from the spec's {ctx.spec(job).training.global_batch_size}"
+    ctx.note(s, job, BATCH_EVENT, f"{batch.describe(gpus)}, {was}")
+    job.batch_json = json.dumps(batch.to_json())
+
+
+# ----- the job's goodput function for the policy -------------------------------------------------------
+
+
+def _fit(rows: list[_Row]) -> ThroughputModel | None:
+    n, k, m, a, t = (np.array([r[i] for r in rows], dtype=np.float64) for i in range(5))
+    sync = np.array([r[5] if r[5] is not None else 0.0 for r in rows], dtype=np.float64)
+    has_sync = any(r[5] is not None for r in rows)
+    try:
+        return ThroughputModel.fit(n, k, m, t, sync if has_sync else None, a)
+    except ValueError:
+        return None
+
+
+def scaling_for(ctx: Context, job: Job, spec: JobSpec) -> Scaling | None:
+    """The job's scaling for the policy: a ``GoodputScaling`` once it reported a profile or gradient
+    statistics (see the module doc for when it is refitted), else ``ctx.scaling_of`` (the spec's)."""
+    base = ctx.scaling_of(job.job_id, spec)
+    profile = job.profile_json or ""
+    grad = (job.grad_sqr, job.grad_var) if job.grad_sqr is not None and job.grad_var is not None else None
+    key = (profile, job.grad_sqr, job.grad_var)
+    fits = ctx.goodput
+    fit = fits.jobs.get(job.job_id)
+    if fit is not None and fit.key == key:
+        return fit.scaling or base
+    if not profile and grad is None:
+        return base
+    rows = load_rows(profile)
+    new_config = fit is None or len(rows) != fit.configs
+    if fit is not None and not new_config and ctx.now() - fit.at < REFIT_EVERY_S:
+        return fit.scaling or base
+    model = fit.model if fit is not None and fit.profile_json == profile else None
+    if model is None and rows:
+        if not fits.take(ctx.ticks):
+            return (fit.scaling if fit is not None else None) or base
+        model = _fit(rows)
+    if model is None and isinstance(base, ProfileScaling):
+        model = base.model
+    scaling: Scaling | None = None
+    if model is not None:
+        m0, cap, local = batch_limits(spec)
+        scaling = GoodputScaling(model, init_batch_size=m0, max_batch_size=cap, max_local_bsz=local,
+                                 grad=grad, adaptive=spec.training.batch_policy == "adaptive")
+    fits.jobs[job.job_id] = JobFit(key, profile, len(rows), ctx.now(), model, scaling)
+    return scaling or base
+
+
+def rebatch_reason(ctx: Context, job: Job, batch: BatchConfig | None, gpus: int, per_node: int) -> str | None:
+    """Why the running gang of ``gpus`` GPUs should restart to train at ``batch`` (None: it should
+    not): the goodput it gains passes ``REBATCH_GAIN`` and the time saved over the work left (the
+    spec's estimate, as the policy reads it) pays ``REBATCH_PAYBACK_RESTARTS`` restarts."""
+    fit = ctx.goodput.jobs.get(job.job_id)
+    if batch is None or fit is None or not isinstance(fit.scaling, GoodputScaling) or gpus <= 0:
+        return None
+    spec = ctx.spec(job)
+    m0 = spec.training.global_batch_size
+    current = batch_of(job) or BatchConfig(m0, max(1, math.ceil(m0 / gpus)), 0)
+    if current.batch_size == batch.batch_size and current.accum_steps == batch.accum_steps:
+        return None
+    old = fit.scaling.speedup_at(gpus, per_node, current)
+    new = fit.scaling.speedup(gpus, per_node)
+    if old <= 0 or new <= old * (1 + REBATCH_GAIN):
+        return None
+    done = min(1.0, job.step / job.total_steps) if job.total_steps else 0.0
+    left_s = spec.simulate.work_gpu_hours * 3600.0 * (1.0 - done) / old
+    saved_s = left_s * (1.0 - old / new)
+    d = job.restart_overhead_s if job.restart_overhead_s is not None else DEFAULT_RESTART_OVERHEAD_S
+    if saved_s <= REBATCH_PAYBACK_RESTARTS * d:
+        return None
+    return f"re-batching to {batch.describe(gpus)}: {100 * (new / old - 1):.0f} % more goodput than batch {current.batch_size}"

@@ -1,0 +1,183 @@
+"""The goodput loop on the virtual clock (issue 11, item 5): the workers report their profile and
+gradient statistics, the controller fits its goodput model to them, the policy values allocations by
+goodput per dollar at the batch configuration the optimizer picks, and that configuration reaches the
+next gang's workers (``SPOTRAIN_BATCH_JSON``) and the job's events.
+
+Two jobs on one market with room for both at full size, with the same spec (1-8 V100s, ``batch_policy:
+adaptive``, ``simulate.scaling: linear``, so the controller starts from the same prior for both): one
+whose true profile is compute-bound with a large gradient noise scale (it scales well and can use a
+larger batch), one whose all-reduce dwarfs its compute (it scales poorly). Only the reports tell them
+apart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from autoscaler.controller.goodput import MAX_FITS_PER_TICK, merge_profile, scaling_for
+from autoscaler.policy import Allocation, PolicyInput, get_policy
+from autoscaler.scaling import BatchConfig, GoodputScaling, measured_scaling
+from autoscaler.simulator.executor import SimWorkload
+from autoscaler.simulator.world import World
+from autoscaler.spec import JobSpec, spec_from_dict
+from autoscaler.state import Job
+from cloud_providers.local.market import HEADER, MarketTrace
+from cost_models.goodput import ThroughputModel, ThroughputParams
+from cost_models.scaling import LinearScaling
+
+# Compute-bound, small sync (speedup ~7 on 8 GPUs), large noise scale: a larger batch pays on 8 GPUs.
+GOOD = ThroughputModel(ThroughputParams(0.02, 0.004, 0.02, 0.001, 0.01, 0.0005, 4.0))
+GOOD_GRAD = (1.0, 20.0)
+# Sync-bound: two GPUs are slower than one, and the noise scale is small.
+POOR = ThroughputModel(ThroughputParams(0.1, 0.002, 1.5, 0.1, 0.5, 0.05, 1.2))
+POOR_GRAD = (1.0, 0.5)
+WORK_S = 40 * 3600.0
+TRACE = MarketTrace.parse(",".join(HEADER) + "\n0,aws,us-east-1,us-east-1a,p3.2xlarge,V100,1,0.9,3.06,16\n",
+                          source="test trace")
+
+
+def spec(name: str, *, batch_policy: str = "adaptive") -> JobSpec:
+    return spec_from_dict({
+        "name": name, "run": "python train.py",
+        "resources": {"accelerators": ["V100:1"], "clouds": ["aws"], "spot": "auto"},
+        "workers": {"min": 1, "max": 8},
+        "training": {"logical_workers": 8, "global_batch_size": 256, "batch_policy": batch_policy, "max_batch_size": 4096},
+        "simulate": {"work_gpu_hours": WORK_S / 3600, "scaling": "linear"},
+    })
+
+
+class Recording:
+    """The spotrain policy, keeping every decision's views and allocations."""
+
+    name = "spotrain"
+
+    def __init__(self) -> None:
+        self.inner = get_policy("spotrain")
+        self.log: list[tuple[PolicyInput, list[Allocation]]] = []
+
+    def decide(self, inp: PolicyInput) -> list[Allocation]:
+        out = self.inner.decide(inp)
+        self.log.append((inp, out))
+        return out
+
+
+def workload(profile: ThroughputModel | None, grad: tuple[float, float] | None) -> SimWorkload:
+    return SimWorkload(work_s=WORK_S, scaling=LinearScaling(), restart_overhead_s=300.0, checkpoint_save_s=30.0,
+                       profile=profile, grad_stats=grad)
+
+
+def world_with(policy: Recording) -> World:
+    world = World(TRACE, policy)
+    # The controller knows only the spec (linear), not the simulated workers' truth.
+    world.controller.ctx.scaling_of = lambda _job_id, s: measured_scaling(s)
+    return world
+
+
+def gangs(world: World, job_id: str) -> list[int]:
+    """GPUs of each gang the job ran, in order (from its "attempt N: K worker(s) on ..." events)."""
+    return [int(re.match(r"attempt \d+: (\d+) worker", r).group(1))  # type: ignore[union-attr]
+            for _, kind, to, r in world.events(job_id) if kind == "state" and to == "RUNNING" and r.startswith("attempt ")]
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[tuple[World, Recording, str, str]]:
+    policy = Recording()
+    world = world_with(policy)
+    good = world.submit(spec("scales-well"), workload(GOOD, GOOD_GRAD))
+    poor = world.submit(spec("scales-poorly"), workload(POOR, POOR_GRAD))
+    world.run(horizon_s=10 * 86400.0)
+    yield world, policy, good, poor
+
+
+def test_a_job_that_scales_poorly_gets_fewer_gpus_than_one_that_scales_well(loop: tuple[World, Recording, str, str]) -> None:
+    world, _, good, poor = loop
+    assert world.outcome(good).state == "SUCCEEDED" and world.outcome(poor).state == "SUCCEEDED"
+    g, p = gangs(world, good), gangs(world, poor)
+    # Same prior, same first allocation (linear: the most GPUs); then the reports tell them apart.
+    assert g[0] == p[0] == 8
+    assert p[-1] == 1 and g[-1] >= 4, (g, p)
+    # Once the reports came in, every gang of the poor job is smaller than every gang of the good one.
+    assert max(p[1:]) < min(g[1:] or g), (g, p)
+
+
+def test_both_train_at_the_batch_the_optimizer_picks(loop: tuple[World, Recording, str, str]) -> None:
+    world, policy, good, poor = loop
+    checked = {good: 0, poor: 0}
+    for inp, allocs in policy.log:
+        views = {v.job_id: v for v in inp.jobs}
+        for a in allocs:
+            v = views[a.job_id]
+            if not isinstance(v.scaling, GoodputScaling) or not a.placements:
+                continue
+            k = sum(p.instances for p in a.placements)  # 1-GPU instances: nodes == replicas == k
+            assert v.scaling.fn is not None  # adaptive, with the reported gradient statistics
+            pick = v.scaling.fn.optimize(k, k, max_batch_size=4096)
+            assert a.batch == BatchConfig(int(pick.batch_size), int(pick.local_bsz), int(pick.accum_steps))
+            checked[a.job_id] += 1
+    assert checked[good] > 0 and checked[poor] > 0
+    with world.store.session() as s:
+        for job_id in (good, poor):
+            job = s.get(Job, job_id)
+            assert job is not None
+            batch = json.loads(job.batch_json)
+            events = [r for _, kind, _, r in world.events(job_id) if kind == "batch"]
+            assert events, f"no batch event for {job_id}"
+            assert events[-1].startswith(f"batch {batch['batch_size']} ")
+            # What the workers reported is what the last gang was told, row by row in the profile.
+            assert any(row["local_bsz"] * row["replicas"] * (row["accum_steps"] + 1) == batch["batch_size"]
+                       for row in json.loads(job.profile_json))
+    # The well-scaling job, on many GPUs, trains at a larger batch than the spec's: it is worth it.
+    assert json.loads(_batch(world, good))["batch_size"] > 256
+
+
+def _batch(world: World, job_id: str) -> str:
+    with world.store.session() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        return job.batch_json
+
+
+def test_a_job_without_reports_keeps_the_spec_and_no_batch_directive() -> None:
+    policy = Recording()
+    world = world_with(policy)
+    job_id = world.submit(spec("no-profile"), workload(None, None))
+    world.run(horizon_s=5 * 86400.0)
+    assert world.outcome(job_id).state == "SUCCEEDED"
+    assert gangs(world, job_id) == [8]
+    assert all(a.batch is None for _, allocs in policy.log for a in allocs)
+    assert not [e for e in world.events(job_id) if e[1] == "batch"]
+
+
+def test_profile_merge_validates_and_bounds_rows() -> None:
+    row = {"nodes": 2, "replicas": 4, "local_bsz": 32, "accum_steps": 0, "step_time_s": 0.5, "sync_time_s": 0.1}
+    stored = merge_profile("", [row, {"nodes": 3, "replicas": 2, "local_bsz": 8, "step_time_s": 1.0},
+                                {"nodes": 1, "replicas": 1, "local_bsz": 8, "step_time_s": float("nan")}, "junk"])
+    assert [r["replicas"] for r in json.loads(stored)] == [4]  # nodes > replicas and NaN are refused
+    assert merge_profile(stored, [{**row, "step_time_s": 0.505}]) == stored  # within the tolerance
+    assert json.loads(merge_profile(stored, [{**row, "step_time_s": 0.6}]))[0]["step_time_s"] == 0.6
+    many = [{**row, "local_bsz": b} for b in range(1, 200)]
+    assert len(json.loads(merge_profile("", many))) == 64
+
+
+def test_refits_are_bounded_per_tick() -> None:
+    world = world_with(Recording())
+    ctx = world.controller.ctx
+    rows = json.dumps([{"nodes": k, "replicas": k, "local_bsz": 256 / k, "accum_steps": 0,
+                        "step_time_s": float(POOR.step_time(k, k, 256 / k)), "sync_time_s": 0.0} for k in (1, 2, 4)])
+    with world.store.session() as s:
+        ids = [world.submit(spec(f"job-{i}"), workload(None, None)) for i in range(MAX_FITS_PER_TICK + 2)]
+        jobs = [s.get(Job, i) for i in ids]
+        for job in jobs:
+            assert job is not None
+            job.profile_json, job.grad_sqr, job.grad_var = rows, *POOR_GRAD
+        got = [scaling_for(ctx, job, ctx.spec(job)) for job in jobs if job is not None]
+        assert sum(isinstance(g, GoodputScaling) for g in got) == MAX_FITS_PER_TICK
+        ctx.ticks += 1
+        again = [scaling_for(ctx, job, ctx.spec(job)) for job in jobs if job is not None]
+        assert all(isinstance(g, GoodputScaling) for g in again)
+        # Unchanged data: the very same object (no refit, and the policy's caches keep hitting).
+        assert [scaling_for(ctx, job, ctx.spec(job)) for job in jobs if job is not None] == again
