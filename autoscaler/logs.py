@@ -91,17 +91,25 @@ def read_output(job_id: str, *, attempt: int, rank: int, offset: int, limit: int
     return data, start + len(data)
 
 
-def install_controller_log(*, level: int = logging.INFO) -> None:
+def install_controller_log(*, level: int = logging.INFO, path: Path | None = None) -> None:
     """The controller's log, one line per thing that happened: every event row (submit, launch,
     release, notice, capacity refusal, state change, ...) as it is written, plus the controller's own
-    lines (checkpoints, recovery, tick errors). The scheduler's own chatter (each run of the
+    lines (checkpoints, recovery, tick errors), on stderr or in the file ``path``. The scheduler's own chatter (each run of the
     reconcile job, and its "maximum number of running instances reached" warnings when a tick
     outlasts the interval) is not the user's business: only its errors are kept."""
     from sqlalchemy import event as sa_event
 
     from .state import Event
 
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    fmt = "%(asctime)s %(name)s %(levelname)s %(message)s"
+    if path is None:
+        logging.basicConfig(level=level, format=fmt)
+    else:  # the embedded controller of `spotrain run`: its log is a file, the terminal is the user's
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter(fmt))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(level)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     if not sa_event.contains(Event, "after_insert", _log_event):
         sa_event.listen(Event, "after_insert", _log_event)

@@ -208,7 +208,9 @@ def _progress_panel(ax: Any, data: ReportData, div: float) -> None:
     total = data.total_steps or max((p[1] for p in data.progress), default=0) or 1
     xs = [t / div for t, _ in data.progress]
     ys = [100.0 * st / total for _, st in data.progress]
-    ax.step(xs, ys, where="post", color="#1d3557", label=f"progress ({data.step}/{data.total_steps or '?'} steps)")
+    # Through the durable checkpoints (marked): work after the last one would be redone after a loss.
+    ax.plot(xs, ys, color="#1d3557", marker="o", markersize=3,
+            label=f"progress ({data.step}/{data.total_steps or '?'} steps; dots: checkpoints)")
     if data.deadline_s is not None and data.deadline_s > horizon_s(data):
         ax.set_title(f"deadline at {data.deadline_s / div:g} {_time_unit(horizon_s(data))[1]}: beyond the end",
                      fontsize="small", loc="right")

@@ -64,6 +64,9 @@ def test_run_on_a_tty_redraws_one_progress_line(spotrain_home: Path, tmp_path: P
     for noise in ("apscheduler", "maximum number of running instances", "skipped", "Traceback"):
         assert noise not in text
     assert "job         tty-" in text and "(SUCCEEDED)" in text
+    # The embedded controller's own log went to a file under SPOTRAIN_HOME, one line per event.
+    (log,) = (spotrain_home / "localcloud").glob("run-*/controller.log")
+    assert re.search(r"tty-\w+ submitted", log.read_text()) and "RUNNING -> SUCCEEDED" in log.read_text()
 
 
 @pytest.mark.e2e

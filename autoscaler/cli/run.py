@@ -102,6 +102,10 @@ def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any,
     store = Store(db_url())
     reap_abandoned_runs(store)
     ctl, setup = _embedded_controller(store, scenario)
+    from ..home import localcloud_dir
+    from ..logs import install_controller_log
+
+    install_controller_log(path=localcloud_dir(ctl.controller_id) / "controller.log")
     _end_on_signals()
     ctl.start()
     api = _serve_embedded(ctl)
