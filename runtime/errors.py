@@ -5,7 +5,7 @@
     │   ├── CheckpointCorrupt      (a file is missing, truncated or its sha256 differs from the manifest)
     │   ├── NoValidCheckpoint      (checkpoints exist but none of them verifies)
     │   └── StoreError             (the store under a URI failed: I/O, S3 client error)
-    │       └── UnsupportedStore   (a URI scheme the runtime cannot write yet, e.g. gs://)
+    │       └── UnsupportedStore   (a store whose client library is not installed: gs:// without spotrain[gcp])
     └── StateError                 (a state dict cannot be represented without pickle, or does not fit)
 
 User errors in configuration are ``ValueError`` raised when a config dataclass is built, so that a

@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from ..agent_boot import AgentBootSettings, config_json
+
 CONFIG_PATH = "/etc/spotrain/agent.json"
 # EC2 accepts at most 16 KiB of user data (before its own base64 encoding).
 MAX_USER_DATA_BYTES = 16 * 1024
@@ -33,20 +35,12 @@ DEFAULT_PYTHON = "/opt/pytorch/bin/python"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AgentBoot:
-    """How an instance installs and starts the agent. Operator settings, not job data."""
+class AgentBoot(AgentBootSettings):
+    """How an EC2 instance installs and starts the agent (checked by ``AgentBootSettings``)."""
 
     python: str = DEFAULT_PYTHON
     # The workers' s3:// checkpoint store needs boto3, an extra; the image brings torch.
     package: str = "spotrain[aws]"
-    agent_module: str = "cloud_providers.remote.agent"
-    unit_name: str = "spotrain-agent"
-
-    def __post_init__(self) -> None:
-        for field in ("python", "package", "agent_module", "unit_name"):
-            value = getattr(self, field)
-            if not value or any(c in value for c in "\n\r\0"):
-                raise ValueError(f"agent boot setting {field}={value!r} must be a non-empty single line")
 
     def commands(self) -> list[list[str]]:
         """Fixed argv lists: they depend on operator settings only, never on the job."""
@@ -69,10 +63,7 @@ class AgentBoot:
 def render(config: Mapping[str, Any], boot: AgentBoot | None = None) -> str:
     """cloud-config text carrying ``config`` (JSON-serialisable) for the agent. ValueError if too big."""
     boot = boot or AgentBoot()
-    try:
-        payload = json.dumps(dict(config), sort_keys=True, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"agent config is not JSON-serialisable: {exc}") from exc
+    payload = config_json(config).encode()
     document = {
         "write_files": [
             {

@@ -16,7 +16,10 @@ Spot VMs are inserted with ``provisioningModel=SPOT``, ``instanceTerminationActi
 preempted VM is deleted, so nothing is left to bill for its disk) and ``onHostMaintenance=TERMINATE``
 (GPUs cannot live-migrate). Compute forgets a deleted VM at once, unlike EC2, so the provider keeps
 what it saw of its instances for ``terminated_retention_s``: ``list_instances`` and ``poll`` still
-report a deleted or preempted instance as TERMINATED, once.
+report a deleted or preempted instance as TERMINATED, once. A Spot VM that Compute preempted and
+deleted before this provider ever saw it (the controller was down) is learned from the zones'
+``compute.instances.preempted`` operations and its name (``names.py``), so recovery counts it as a
+preemption, ended with its notice, instead of an instance lost at restart time.
 
 Billing: per second with a one-minute minimum (Compute's rule for Spot and on-demand), from
 ``creationTimestamp`` to our delete or the end of the preemption, at the price recorded on the
@@ -27,11 +30,8 @@ overridden, capped at on-demand.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import re
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -65,29 +65,16 @@ from .catalog import DEFAULT_REGIONS, ZONES, GcpType, find_type, region_of
 from .errors import CLOUD, Where, call, operation_error_codes, translate_operation
 from .instances import INTERRUPTION_PREEMPTION, NOTICE_S, parse_time, to_instance
 from .labels import decode_labels, encode_tags, label_filter
+from .names import instance_name, named_for, request_id
 from .offerings import ZoneType, discover
 
 # Google's Deep Learning VM image with PyTorch and the NVIDIA driver (see docs/gcp.md).
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-latest-gpu"
 MIN_BILLED_S = 60.0
 TAG_PRICE = "spotrain-price-usd-per-hour"
-# Namespace of the insert requestIds derived from decision ids (uuid5).
-REQUEST_ID_NAMESPACE = uuid.UUID("5b0f8a36-2f4e-4c3e-9a59-2b1d9b0e6c11")
-_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
+PREEMPTED_OPERATION = "compute.instances.preempted"
 
 BootConfigFor = Callable[[LaunchRequest], Mapping[str, Any]]
-
-
-def request_id(decision_id: str) -> str:
-    """The insert ``requestId`` for a decision: a UUID (Compute requires one), the same every time."""
-    return str(uuid.uuid5(REQUEST_ID_NAMESPACE, decision_id))
-
-
-def instance_name(decision_id: str, job: str | None = None) -> str:
-    """A valid, unique instance name for a decision: ``sp-<job>-<hash>`` (``[a-z]([-a-z0-9]{0,61}[a-z0-9])``)."""
-    digest = hashlib.sha256(decision_id.encode()).hexdigest()[:16]
-    slug = _NAME_CHARS.sub("-", (job or "").lower()).strip("-")[:30].strip("-")
-    return f"sp-{slug}-{digest}" if slug else f"sp-{digest}"
 
 
 def _status(op: Any) -> str:
@@ -194,6 +181,7 @@ class GcpProvider:
         self._ended_at: dict[str, float] = {}
         self._known: dict[str, Instance] = {}
         self._seen: dict[str, Instance] = {}
+        self._scanned_preemptions = False
 
     # -- clock and catalog ---------------------------------------------------------------------
     def now_s(self) -> float:
@@ -324,7 +312,7 @@ class GcpProvider:
     def launch(self, request: LaunchRequest) -> Instance:
         where, entry = self._check(request)
         o = request.offering
-        name = instance_name(request.decision_id, request.tags.get(TAG_JOB))
+        name = instance_name(request.decision_id, request.tags.get(TAG_JOB), controller_id=self.controller_id)
         existing = self.get_record(o.zone, name)
         if existing is not None:
             return self._observe(existing, seen=True)
@@ -467,7 +455,48 @@ class GcpProvider:
                           if name not in found and all(i.tags.get(k) == v for k, v in tags.items())]
         for old in remembered:
             found[old.instance_id] = old if not old.alive else self._gone(old)
+        for gone in self._preempted_while_away(tags, found):
+            found[gone.instance_id] = gone
         return list(found.values())
+
+    def _preempted_while_away(self, tags: Mapping[str, str], listed: Mapping[str, Instance]) -> list[Instance]:
+        """This controller's Spot VMs that Compute preempted, and deleted, before this provider saw them
+        (a controller restarted after one): each zone's ``compute.instances.preempted`` operations.
+
+        Compute keeps nothing else of a deleted VM, not even its labels, so the VM is known by its name
+        (``named_for``) and reported with the tags the name vouches for, controller and market, TERMINATED
+        at the end of its notice, ``interruption="preemption"``, ``instance_type`` unknown (""). EC2 lists
+        such an instance for about an hour with ``Server.SpotInstanceTermination``; recovery counts
+        either as a preemption, not a lost instance. Asked once per provider: afterwards every VM of the
+        controller has been seen, and ``poll`` reports how it ends."""
+        vouched = {TAG_CONTROLLER: self.controller_id, TAG_MARKET: SPOT}
+        if self._scanned_preemptions or any(vouched.get(k) != v for k, v in tags.items()):
+            return []
+        client = self._client(ZONE_OPERATIONS)
+        now = self._clock()
+        out: list[Instance] = []
+        for zone in self.zones:
+            where = Where(region=region_of(zone), zone=zone)
+            ops = call(lambda **kw: list(client.list(**kw)), operation="zoneOperations.list", where=where,
+                       retry=self._retry, request={"project": self.project, "zone": zone,
+                                                   "filter": f'operationType = "{PREEMPTED_OPERATION}"'})
+            for op in ops:
+                name = str(op.target_link).rstrip("/").rsplit("/", 1)[-1]
+                began = parse_time(str(op.insert_time)) or now
+                with self._lock:
+                    known = name in self._known
+                if name in listed or known or not named_for(name, self.controller_id) or began < now - self._retention_s:
+                    continue
+                gone = Instance(instance_id=name, cloud=CLOUD, region=where.region or "", zone=zone, instance_type="",
+                                market=SPOT, state=InstanceState.TERMINATED, tags=dict(vouched), launched_at_s=began,
+                                terminated_at_s=min(began + NOTICE_S, now), interruption=INTERRUPTION_PREEMPTION)
+                with self._lock:
+                    self._zone_of[name] = zone
+                    self._ended_at.setdefault(name, gone.terminated_at_s or now)
+                    self._known[name] = gone
+                out.append(gone)
+        self._scanned_preemptions = True
+        return out
 
     def poll(self) -> Sequence[Instance]:
         self._forget_old()
@@ -475,6 +504,9 @@ class GcpProvider:
         changed: list[Instance] = []
         with self._lock:
             vanished = [old for name, old in self._seen.items() if name not in current]
+            # Listed (by recovery, say) but never polled: its end must not go unreported either.
+            vanished += [old for name, old in self._known.items() if name not in current and name not in self._seen
+                         and old.alive and old.tags.get(TAG_CONTROLLER) == self.controller_id]
         for old in vanished:
             if old.alive:
                 changed.append(self._gone(old))

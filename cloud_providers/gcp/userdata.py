@@ -21,6 +21,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from ..agent_boot import AgentBootSettings, config_json
+
 CONFIG_PATH = "/etc/spotrain/agent.json"
 CONFIG_KEY = "spotrain-agent-config"
 SCRIPT_KEY = "startup-script"
@@ -32,20 +34,12 @@ DEFAULT_PYTHON = "/opt/conda/bin/python"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AgentBoot:
-    """How an instance installs and starts the agent. Operator settings, not job data."""
+class AgentBoot(AgentBootSettings):
+    """How a GCE instance installs and starts the agent (checked by ``AgentBootSettings``)."""
 
     python: str = DEFAULT_PYTHON
     # The workers' gs:// checkpoint store needs the Google clients, an extra; the image brings torch.
     package: str = "spotrain[gcp]"
-    agent_module: str = "cloud_providers.remote.agent"
-    unit_name: str = "spotrain-agent"
-
-    def __post_init__(self) -> None:
-        for field in ("python", "package", "agent_module", "unit_name"):
-            value = getattr(self, field)
-            if not value or any(c in value for c in "\n\r\0"):
-                raise ValueError(f"agent boot setting {field}={value!r} must be a non-empty single line")
 
     def script(self) -> str:
         """The fixed startup script: it depends on operator settings only, never on the job."""
@@ -72,10 +66,7 @@ class AgentBoot:
 def render(config: Mapping[str, Any], boot: AgentBoot | None = None) -> dict[str, str]:
     """Metadata items (key -> value) that boot the agent with ``config``. ValueError if too big."""
     boot = boot or AgentBoot()
-    try:
-        payload = json.dumps(dict(config), sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"agent config is not JSON-serialisable: {exc}") from exc
+    payload = config_json(config)
     if len(payload.encode()) > MAX_CONFIG_BYTES:
         raise ValueError(f"agent config too large for instance metadata ({len(payload.encode())} > "
                          f"{MAX_CONFIG_BYTES} bytes)")

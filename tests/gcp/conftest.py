@@ -11,6 +11,8 @@ For other test modules (and the GCP store / end-to-end helpers), the entry point
     A started ``FakeCompute`` on wall time, for a controller subprocess (which reads the wall clock).
 ``gcp_fake_env``
     ``gcp_fake`` with its ``SPOTRAIN_GCP_*`` variables set in this process (``make_provider`` finds it).
+``api_job(job_id)``
+    The job's summary from the running controller's API, for polling loops.
 ``gcp_provider``
     A ``GcpProvider`` on ``gcp_fake`` through the real compute_v1 REST clients, with a no-op retry sleep
     (recorded in ``sleeps``) and the fake ``clock``. ``make_test_provider(fake, clock, sleeps, **overrides)``
@@ -85,6 +87,14 @@ def gcp_fake_env(gcp_fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> Fake
     return gcp_fake
 
 
+def api_job(job_id: str) -> dict[str, Any]:
+    """The job as ``spotrain status JOB --json`` prints it, read from the running controller's API in
+    this process (the CLI costs a Python start per call, which a polling loop should not spend)."""
+    from autoscaler.client import Client
+
+    return Client(timeout_s=30).job(job_id).to_json_dict()
+
+
 def make_test_provider(fake: FakeCompute, clock: Callable[[], float], sleeps: Callable[[float], None],
                        **overrides: Any) -> GcpProvider:
     settings: dict[str, Any] = {
@@ -126,4 +136,4 @@ def request_factory(provider: GcpProvider, *, machine_type: str = "n1-standard-8
     return make
 
 
-__all__ = ["FakeClock", "SPOT", "SleepRecorder", "ZONES", "make_test_provider", "request_factory"]
+__all__ = ["FakeClock", "SPOT", "SleepRecorder", "ZONES", "api_job", "make_test_provider", "request_factory"]

@@ -13,7 +13,9 @@ zone operation ends DONE with ``error.errors[].code`` (``ZONE_RESOURCE_POOL_EXHA
 
 The subset served: instances insert (``requestId`` deduplicated: a repeated id returns the original
 operation) / get / list (``filter`` on labels and name) / delete, aggregated instances list, zone
-operations get and wait, machineTypes and acceleratorTypes lists.
+operations get, wait and list (``filter`` on ``operationType``: a preemption leaves a
+``compute.instances.preempted`` operation by ``system``, which outlives the VM), machineTypes and
+acceleratorTypes lists.
 
 Knobs (Python methods, thread-safe): ``stockout``, ``quota``, ``throttle`` (429 for the next N
 calls), ``fail`` (any HTTP error for the next N matching calls), ``preempt`` (Spot VM to STOPPING
@@ -45,7 +47,7 @@ DEFAULT_PROJECT = "spotrain-test"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_CLAUSE = re.compile(r'^\(?\s*(labels\.[a-z0-9_-]+|name|status)\s*(=|eq)\s*"?([^"()]*?)"?\s*\)?$')
+_CLAUSE = re.compile(r'^\(?\s*(labels\.[a-z0-9_-]+|name|status|operationType|targetLink)\s*(=|eq)\s*"?([^"()]*?)"?\s*\)?$')
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 # Machine types without GPUs that every fake zone lists too (the provider must skip them).
@@ -397,6 +399,7 @@ class FakeCompute:
             ("GET", r"instances", lambda: (200, self._list(zone, q))),
             ("GET", r"instances/([^/]+)", lambda n: (200, self._get(zone, n))),
             ("DELETE", r"instances/([^/]+)", lambda n: (200, self._delete(zone, n))),
+            ("GET", r"operations", lambda: (200, self._operations_list(zone, q))),
             ("GET", r"operations/([^/]+)", lambda n: (200, self._finish(zone, n))),
             ("POST", r"operations/([^/]+)/wait", lambda n: (200, self._finish(zone, n))),
             ("GET", r"machineTypes", lambda: (200, self._machine_types(zone))),
@@ -435,6 +438,13 @@ class FakeCompute:
                     "data": [{"key": "scope", "value": f"zones/{zone}"}]}}
         return {"kind": "compute#instanceAggregatedList", "id": f"projects/{self.project}/aggregated/instances",
                 "items": items, "selfLink": f"{API}/projects/{self.project}/aggregated/instances"}
+
+    def _operations_list(self, zone: str, q: Mapping[str, str]) -> dict[str, Any]:
+        """The zone's operations, kept after their targets are gone (the fake never expires them)."""
+        keep = _parse_filter(q.get("filter", ""))
+        items = [op for (z, _), op in sorted(self._operations.items()) if z == zone and keep(op)]
+        return {"kind": "compute#operationList", "id": f"projects/{self.project}/zones/{zone}/operations",
+                "items": items, "selfLink": self._url(zone, "operations")}
 
     def _machine_types(self, zone: str) -> dict[str, Any]:
         names = sorted(set(self.zones[zone].machine_types) | set(PLAIN_TYPES))
@@ -570,7 +580,8 @@ def _stamp(t: float) -> str:
 
 def _parse_filter(text: str) -> Callable[[dict[str, Any]], bool]:
     """The subset of Compute's list filter the provider uses: clauses ``(labels.k = "v")``, ``name``,
-    ``status``, joined by AND. Anything else is a 400, so a provider bug is not silently matched."""
+    ``status``, ``operationType``, ``targetLink``, joined by AND. Anything else is a 400, so a provider
+    bug is not silently matched."""
     text = text.strip()
     if not text:
         return lambda inst: True

@@ -167,6 +167,13 @@ def all_jobs() -> list[dict[str, Any]]:
     return jobs
 
 
+def api_jobs() -> list[dict[str, Any]]:
+    """``all_jobs`` from the running controller's API in this process, for polling (no CLI start)."""
+    from autoscaler.client import Client
+
+    return [j.to_json_dict() for j in Client(timeout_s=30).jobs()]
+
+
 def gang_records(executor_root: Path) -> dict[tuple[str, int], list[dict[str, Any]]]:
     gangs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for path in executor_root.glob("instances/*/attempt-*/agent.json"):
@@ -234,10 +241,11 @@ def test_sigkill_chaos_on_the_gcp_fake(spotrain_home: Path, tmp_path: Path) -> N
             proc = runner.spawn(fault=False)
             assert runner.wait_ready(proc)
             deadline = time.time() + 60
-            jobs = all_jobs()
+            jobs = api_jobs()
             while any(j["state"] not in TERMINAL for j in jobs) and time.time() < deadline:
-                time.sleep(0.3)
-                jobs = all_jobs()
+                time.sleep(0.2)
+                jobs = api_jobs()
+            jobs = all_jobs()  # what the CLI says
         finally:
             stop(proc)
         wall_s = time.time() - began

@@ -7,14 +7,23 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_packaging import run_blocked
 
+from autoscaler.controller import Controller
+from autoscaler.home import db_url
+from autoscaler.policy import get_policy
+from autoscaler.spec import load_spec
+from autoscaler.state import Store
 from cloud_providers.errors import CredentialsError
-from cloud_providers.gcp import make_provider
-from support import REPO, start_controller
+from cloud_providers.gcp import RetryPolicy, make_provider
+from cloud_providers.local.executor import LocalExecutor
+from support import PROTOCOL_WORKER, REPO, start_controller, worker_pids, write_pw_spec
 
 from .fake_compute import FakeCompute
 
@@ -102,3 +111,61 @@ def test_controller_serves_on_the_fake(tmp_path: Path, gcp_fake_wall: FakeComput
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert "cloud gcp" in (home / "controller.log").read_text()
+
+
+def _controller(cid: str, fake: FakeCompute, root: Path) -> Controller:
+    """A controller as ``controller start --cloud gcp --executor local`` builds it, in this process."""
+    provider = make_provider(controller_id=cid, endpoint=fake.endpoint, project=fake.project, zones=list(fake.zones),
+                             retry=RetryPolicy(max_attempts=2, sleep=lambda _s: None))
+    return Controller(store=Store(db_url()), provider=provider, executor=LocalExecutor(root), policy=get_policy(),
+                      controller_id=cid, tick_s=0.1)
+
+
+def _tick_until(ctl: Controller, job_id: str, done: Any, timeout_s: float) -> dict[str, Any]:
+    deadline = time.time() + timeout_s
+    job = ctl.job_info(job_id)
+    while not done(job) and time.time() < deadline:
+        ctl.tick()
+        job = ctl.job_info(job_id)
+        time.sleep(0.1)
+    return job
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_a_preemption_while_the_controller_is_down_counts_as_one(spotrain_home: Path, tmp_path: Path,
+                                                                  gcp_fake_wall: FakeCompute,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compute preempts and deletes the job's Spot VM while no controller runs; the next controller's
+    recovery counts a preemption (ended with its notice), not a lost instance, and the job resumes.
+    The controllers run in this process: the first is dropped as a crash would leave it (nothing shut
+    down, only the database and the executor's directory survive), the second starts from those."""
+    monkeypatch.setenv("PW_STEPS", "60")
+    monkeypatch.setenv("PW_STEP_S", "0.05")
+    cid = f"down-{uuid.uuid4().hex[:6]}"
+    first = _controller(cid, gcp_fake_wall, tmp_path / "executor")
+    first.recover()
+    spec, workdir = load_spec(write_pw_spec(tmp_path, name="down", workers="{min: 1, max: 1}"))
+    job_id = first.submit(spec, workdir)["job_id"]
+    job = _tick_until(first, job_id, lambda j: j["state"] == "RUNNING" and j["workers"] and (j.get("step") or 0) >= 3, 30)
+    assert job["state"] == "RUNNING" and job["workers"], job
+    del first  # the controller dies; its workers run on, on their VM
+    name = str(job["workers"][0]["instance_id"])
+    preempted_at = time.time()
+    gcp_fake_wall.preempt(name, complete=True)
+    for pid in worker_pids(str(PROTOCOL_WORKER), str(spotrain_home)):  # they died with the VM
+        os.kill(pid, signal.SIGKILL)
+    second = _controller(cid, gcp_fake_wall, tmp_path / "executor")
+    counts = second.recover()
+    with second.store.session() as s:
+        (row,) = [r for r in second.store.instances(s, job_id) if r.instance_id == name]
+        assert row.interruption == "preemption" and row.terminated_at_s is not None
+        assert row.terminated_at_s <= preempted_at + 30 + 1  # ended with its notice, not at the restart
+    job = _tick_until(second, job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), 60)
+    assert job["state"] == "SUCCEEDED" and job["step"] == 60, job
+    assert job["preemptions"] == 1 and job["attempts"] >= 2, (job, counts)
+    with second.store.session() as s:
+        reasons = [e.reason for e in second.store.events(s, job_id)]
+    assert f"{name} terminated (preemption) while the controller was down" in reasons, reasons
+    assert [i["name"] for i in gcp_fake_wall.instances()] == []
+    assert worker_pids(str(PROTOCOL_WORKER), str(spotrain_home)) == []

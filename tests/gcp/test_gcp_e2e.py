@@ -30,6 +30,7 @@ from cloud_providers.base import TAG_CONTROLLER
 from cloud_providers.gcp.labels import decode_labels
 from support import REPO, run_cli, start_controller, worker_pids
 
+from .conftest import api_job
 from .fake_compute import FakeCompute
 from .fake_gcs import FakeGcs
 
@@ -107,16 +108,17 @@ def test_quickstart_on_the_gcp_fake_survives_a_preemption_with_gcs_checkpoints(
             assert r.returncode == 0, r.stderr
             job_id = last_json(r.stdout)["job_id"]
             deadline = time.time() + 200
-            job = job_status(job_id)
+            job = api_job(job_id)
             while job["state"] not in TERMINAL and time.time() < deadline:
                 if (preempted is None and job["state"] == "RUNNING" and job["total_steps"]
                         and job["step"] >= 0.1 * job["total_steps"]):
                     assert all(w["market"] == "spot" and w["offering"].startswith("gcp/") for w in job["workers"])
                     preempted = job["workers"][0]["instance_id"]
                     deliver_preemption(compute, preempted, notice_s=NOTICE_S)
-                time.sleep(0.5)
-                job = job_status(job_id)
+                time.sleep(0.25)
+                job = api_job(job_id)
             assert job["state"] == "SUCCEEDED", job
+            assert job_status(job_id) == job  # and the CLI prints the same
             assert preempted is not None, "the job finished before a preemption could be delivered"
         finally:
             if ctl.poll() is None:

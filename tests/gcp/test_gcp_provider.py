@@ -19,6 +19,7 @@ from cloud_providers.gcp import GcpProvider, instance_name, request_id, userdata
 from cloud_providers.gcp import catalog as gcp_catalog
 from cloud_providers.gcp import labels as gcp_labels
 from cloud_providers.gcp.instances import NOTICE_S
+from cloud_providers.gcp.names import named_for
 from cloud_providers.gcp.provider import MIN_BILLED_S, TAG_PRICE
 
 from .conftest import FakeClock, SleepRecorder, make_test_provider, request_factory
@@ -44,7 +45,8 @@ def test_spot_insert_asks_for_a_spot_vm_deleted_on_preemption(gcp_fake: FakeComp
     assert json.loads(items[userdata.CONFIG_KEY])["decision_id"] == request.decision_id
     (query,) = [q for m, p, q in gcp_fake.queries if m == "POST" and p.endswith("/instances")]
     assert query["requestId"] == request_id(request.decision_id) == str(uuid.UUID(query["requestId"]))
-    assert instance.instance_id == instance_name(request.decision_id, "body")
+    assert instance.instance_id == instance_name(request.decision_id, "body", controller_id=gcp_provider.controller_id)
+    assert named_for(instance.instance_id, gcp_provider.controller_id) and not named_for(instance.instance_id, "other")
     assert instance.address and instance.address.startswith("10.")
 
 
@@ -190,6 +192,48 @@ def test_recovery_lists_what_a_previous_controller_launched(gcp_fake: FakeComput
     (found,) = restarted.list_instances({TAG_CONTROLLER: gcp_provider.controller_id})
     assert found.instance_id == instance.instance_id and found.tags == instance.tags
     assert [i.instance_id for i in restarted.poll()] == [instance.instance_id]
+
+
+def test_a_preemption_while_no_controller_watched_is_a_preemption_after_restart(
+        gcp_fake: FakeCompute, gcp_provider: GcpProvider, clock: FakeClock, sleeps: SleepRecorder) -> None:
+    cid = gcp_provider.controller_id
+    make = request_factory(gcp_provider)
+    taken, ours, old = (gcp_provider.launch(make(job=j, market=SPOT)) for j in ("away", "deleted", "old"))
+    other = make_test_provider(gcp_fake, clock, sleeps)
+    theirs = other.launch(request_factory(other)(job="theirs", market=SPOT))
+    gcp_fake.preempt(old.instance_id, complete=True)  # long before the restart: past the retention
+    clock.advance(7200)
+    # The controller dies; meanwhile Compute preempts and deletes two VMs, and one we had deleted goes.
+    gcp_provider.terminate(ours.instance_id)
+    preempted_at = clock()
+    gcp_fake.preempt(taken.instance_id, complete=True)
+    gcp_fake.preempt(theirs.instance_id, complete=True)
+    clock.advance(600)
+    restarted = make_test_provider(gcp_fake, clock, sleeps, controller_id=cid)
+    listed = {i.instance_id: i for i in restarted.list_instances({TAG_CONTROLLER: cid})}
+    assert set(listed) == {taken.instance_id}  # not ours deleted, not another controller's, not the old one
+    gone = listed[taken.instance_id]
+    assert gone.state is InstanceState.TERMINATED and gone.interruption == "preemption" and gone.market == SPOT
+    assert gone.terminated_at_s == pytest.approx(preempted_at + NOTICE_S) and gone.zone == taken.zone
+    assert gone.tags == {TAG_CONTROLLER: cid, "spotrain-market": SPOT}  # all a name can vouch for
+    assert restarted.list_instances({TAG_JOB: "away"}) == []  # the job label is gone with the VM
+    assert [i.instance_id for i in restarted.list_instances({TAG_CONTROLLER: cid})] == [taken.instance_id]
+    asked = [q for m, p, q in gcp_fake.queries if m == "GET" and p.endswith("/operations")]
+    assert len(asked) == len(restarted.zones)  # each zone once, not on every list
+    assert {q["filter"] for q in asked} == {'operationType = "compute.instances.preempted"'}
+
+
+def test_an_instance_listed_at_recovery_and_gone_before_the_first_poll_is_reported(
+        gcp_fake: FakeCompute, gcp_provider: GcpProvider, clock: FakeClock, sleeps: SleepRecorder) -> None:
+    instance = gcp_provider.launch(request_factory(gcp_provider)(job="gap", market=SPOT))
+    restarted = make_test_provider(gcp_fake, clock, sleeps, controller_id=gcp_provider.controller_id)
+    (alive,) = restarted.list_instances({TAG_CONTROLLER: gcp_provider.controller_id})
+    assert alive.alive
+    clock.advance(10)
+    gcp_fake.preempt(instance.instance_id, complete=True)
+    (gone,) = restarted.poll()
+    assert gone.instance_id == instance.instance_id and not gone.alive and gone.interruption == "preemption"
+    assert restarted.poll() == []
 
 
 # -- offerings -------------------------------------------------------------------------------------------

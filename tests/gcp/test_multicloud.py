@@ -14,13 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aws.harness import TEST_SPOT_PRICES, MotoServer, ec2_client
+from aws.faults import Faults
+from aws.harness import TEST_SPOT_PRICES, MotoServer, deliver_spot_interruption, ec2_client
 
+from autoscaler.controller import Controller
+from autoscaler.home import db_url
 from autoscaler.multicloud import MultiCloudProvider
+from autoscaler.policy import get_policy
+from autoscaler.spec import load_spec
+from autoscaler.state import Store
 from cloud_providers.base import MIN_BILLED_S_ATTR, SPOT, TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
 from cloud_providers.errors import ProviderError
+from cloud_providers.local.executor import LocalExecutor
 from support import PROTOCOL_WORKER, run_cli, start_controller, worker_pids, write_pw_spec
 
+from .conftest import api_job
 from .fake_compute import FakeCompute
 
 pytestmark = [pytest.mark.gcp, pytest.mark.aws]
@@ -155,7 +163,7 @@ def test_one_controller_starts_on_the_cheaper_cloud_and_moves_when_its_capacity_
         first: dict[str, Any] | None = None
         moved: dict[str, Any] | None = None
         deadline = time.time() + 150
-        job = _status(job_id)
+        job = api_job(job_id)
         while job["state"] not in TERMINAL and time.time() < deadline:
             workers = job["workers"]
             if first is None and job["state"] == "RUNNING" and workers and job.get("step", 0) >= 10:
@@ -168,9 +176,10 @@ def test_one_controller_starts_on_the_cheaper_cloud_and_moves_when_its_capacity_
                 gce.complete_preemption(first["instance_id"])
             elif first is not None and moved is None and workers and workers[0]["instance_id"] != first["instance_id"]:
                 moved = workers[0]
-            time.sleep(0.3)
-            job = _status(job_id)
+            time.sleep(0.2)
+            job = api_job(job_id)
         assert job["state"] == "SUCCEEDED", job
+        assert _status(job_id) == job  # and the CLI prints the same
     finally:
         if ctl.poll() is None:
             ctl.send_signal(signal.SIGTERM)
@@ -186,6 +195,65 @@ def test_one_controller_starts_on_the_cheaper_cloud_and_moves_when_its_capacity_
     assert _alive_everywhere(cid, gce) == []
     assert worker_pids(str(PROTOCOL_WORKER), str(spotrain_home)) == []
     print(f"\nmulti-cloud move: {first['offering']} -> {moved['offering']} in {time.time() - began:.1f} s")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_the_same_controller_moves_from_aws_to_gcp_when_ec2_spot_runs_out(
+    moto: MotoServer, gce: FakeCompute, spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other direction, with the controller in this process (no CLI, so it is quick): EC2 Spot is
+    the cheaper market (GCP at its bundled list prices), so the job starts on AWS; then EC2 has no
+    spot capacity left anywhere (``InsufficientInstanceCapacity``, injected through botocore's own
+    hooks) and takes the instance back: the controller moves the job to GCP Spot."""
+    from cloud_providers.aws import make_provider as make_aws
+    from cloud_providers.aws._boto import make_client_factory as ec2_factory
+    from cloud_providers.gcp import RetryPolicy
+    from cloud_providers.gcp import make_provider as make_gcp
+
+    monkeypatch.setenv("PW_STEPS", "60")
+    monkeypatch.setenv("PW_STEP_S", "0.05")
+    cid = f"mc-{uuid.uuid4().hex[:6]}"
+    faults, ec2, clients = Faults(), ec2_factory(endpoint_url=moto.endpoint_url), {}
+
+    def ec2_for(region: str) -> Any:
+        if region not in clients:
+            clients[region] = faults.attach(ec2(region))
+        return clients[region]
+
+    quick = RetryPolicy(max_attempts=2, sleep=lambda _s: None)
+    provider = MultiCloudProvider([
+        make_aws(controller_id=cid, client_factory=ec2_for, spot_price_overrides=dict(TEST_SPOT_PRICES), retry=quick),
+        make_gcp(controller_id=cid, retry=quick),
+    ])
+    ctl = Controller(store=Store(db_url()), provider=provider, executor=LocalExecutor(tmp_path / "executor"),
+                     policy=get_policy(), controller_id=cid, tick_s=0.1)
+    ctl.recover()
+    spec, workdir = load_spec(write_pw_spec(tmp_path, name="a2g", workers="{min: 1, max: 1}"))
+    job_id = ctl.submit(spec, workdir)["job_id"]
+    first: dict[str, Any] | None = None
+    moved: dict[str, Any] | None = None
+    deadline = time.time() + 60
+    job = ctl.job_info(job_id)
+    while job["state"] not in TERMINAL and time.time() < deadline:
+        ctl.tick()
+        job = ctl.job_info(job_id)
+        workers = job["workers"]
+        if first is None and job["state"] == "RUNNING" and workers and (job.get("step") or 0) >= 5:
+            first = workers[0]
+            assert first["offering"].startswith("aws/") and first["market"] == "spot", workers
+            faults.fail("RunInstances", "InsufficientInstanceCapacity", when=lambda p: "InstanceMarketOptions" in p)
+            deliver_spot_interruption(first["instance_id"], notice_s=1.0, background=True)
+        elif first is not None and moved is None and workers and workers[0]["instance_id"] != first["instance_id"]:
+            moved = workers[0]
+        time.sleep(0.1)
+    assert job["state"] == "SUCCEEDED", job
+    assert first is not None and moved is not None, (first, moved)
+    assert moved["offering"].startswith("gcp/") and moved["market"] == "spot", moved
+    assert job["preemptions"] >= 1 and job["step"] == 60, job
+    assert any(op == "RunInstances" for op, _ in faults.injected)  # EC2 refused before the move
+    assert _alive_everywhere(cid, gce) == []
+    assert worker_pids(str(PROTOCOL_WORKER), str(spotrain_home)) == []
 
 
 @pytest.mark.parametrize(("clouds", "message"), [
