@@ -101,7 +101,8 @@ class GoodputScaling:
     """Speedup of an allocation = goodput at its batch configuration / goodput of one GPU at M0.
 
     ``grad`` = (grad_sqr, grad_var) measured at M0; with ``adaptive`` and ``grad`` the batch is
-    optimized, otherwise it stays M0. Hashes by identity (a new measurement makes a new object)."""
+    optimized, otherwise it stays M0. Hashes by identity (a new measurement makes a new object).
+    Raises ValueError for a model that gives one GPU no finite, positive throughput."""
 
     def __init__(self, model: ThroughputModel, *, init_batch_size: int, max_batch_size: int,
                  max_local_bsz: int | None = None, grad: tuple[float, float] | None = None,
@@ -115,6 +116,8 @@ class GoodputScaling:
         if adaptive and grad is not None:
             self.fn = GoodputFunction(model, grad_sqr=grad[0], grad_var=grad[1], init_batch_size=self.init_batch_size)
         self._base = float(self._fixed(np.ones(1), np.ones(1))[0][0])
+        if not (math.isfinite(self._base) and self._base > 0):
+            raise ValueError(f"the throughput model gives one GPU a throughput of {self._base}")
         self._tables: dict[int, tuple[np.ndarray, list[BatchConfig | None]]] = {}
 
     @property
@@ -145,7 +148,8 @@ class GoodputScaling:
             good, local, accum = self._fixed(n, k)
             batches = [BatchConfig(self.init_batch_size, max(1, int(math.ceil(m - 1e-9))), int(s))
                        for m, s in zip(local, accum)]
-        table = (np.concatenate([[0.0], good / self._base]), [None, *batches])
+        speedups = np.where(np.isfinite(good) & (good > 0), good / self._base, 0.0)
+        table = (np.concatenate([[0.0], speedups]), [None, *batches])
         self._tables[per_node] = table
         return table
 

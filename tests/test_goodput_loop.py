@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoscaler.controller.goodput import MAX_FITS_PER_TICK, merge_profile, scaling_for
+from autoscaler.controller.goodput import MAX_FITS_PER_TICK, merge_profile, record_report, scaling_for
 from autoscaler.policy import Allocation, PolicyInput, get_policy
 from autoscaler.scaling import BatchConfig, GoodputScaling, measured_scaling
 from autoscaler.simulator.executor import SimWorkload
@@ -181,3 +181,22 @@ def test_refits_are_bounded_per_tick() -> None:
         assert all(isinstance(g, GoodputScaling) for g in again)
         # Unchanged data: the very same object (no refit, and the policy's caches keep hitting).
         assert [scaling_for(ctx, job, ctx.spec(job)) for job in jobs if job is not None] == again
+
+
+def test_malformed_reports_are_ignored_field_by_field() -> None:
+    world = world_with(Recording())
+    ctx = world.controller.ctx
+    job_id = world.submit(spec("bad-reports"), workload(None, None))
+    with world.store.session() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        for prog in ({"profile": "junk", "grad_sqr": float("nan"), "grad_var": 1.0},
+                     {"profile": [{"nodes": True, "replicas": 1, "local_bsz": 1, "step_time_s": 1.0}], "grad_sqr": -1.0,
+                      "grad_var": 1.0, "batch_size": "x"},
+                     {"profile": [None, [], {"nodes": 1}], "batch_size": 10**50}):
+            record_report(ctx, s, job, prog)
+        assert (job.profile_json, job.grad_sqr, job.grad_var, job.batch_json) == ("", None, None, "")
+        assert scaling_for(ctx, job, ctx.spec(job)) is None  # the spec's (linear): the policy's own
+        # One usable row is enough for a model.
+        record_report(ctx, s, job, {"profile": [{"nodes": 1, "replicas": 1, "local_bsz": 256, "step_time_s": 1.0}]})
+        assert isinstance(scaling_for(ctx, job, ctx.spec(job)), GoodputScaling)

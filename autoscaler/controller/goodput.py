@@ -216,8 +216,8 @@ def _fit(rows: list[_Row]) -> ThroughputModel | None:
     has_sync = any(r[5] is not None for r in rows)
     try:
         return ThroughputModel.fit(n, k, m, t, sync if has_sync else None, a)
-    except ValueError:
-        return None
+    except (ValueError, ArithmeticError, np.linalg.LinAlgError):
+        return None  # a profile the model cannot fit: the job keeps the spec's scaling
 
 
 def scaling_for(ctx: Context, job: Job, spec: JobSpec) -> Scaling | None:
@@ -247,8 +247,11 @@ def scaling_for(ctx: Context, job: Job, spec: JobSpec) -> Scaling | None:
     scaling: Scaling | None = None
     if model is not None:
         m0, cap, local = batch_limits(spec)
-        scaling = GoodputScaling(model, init_batch_size=m0, max_batch_size=cap, max_local_bsz=local,
-                                 grad=grad, adaptive=spec.training.batch_policy == "adaptive")
+        try:
+            scaling = GoodputScaling(model, init_batch_size=m0, max_batch_size=cap, max_local_bsz=local,
+                                     grad=grad, adaptive=spec.training.batch_policy == "adaptive")
+        except ValueError:
+            scaling = None  # a degenerate fit (no throughput on one GPU): the spec's scaling
     fits.jobs[job.job_id] = JobFit(key, profile, len(rows), ctx.now(), model, scaling)
     return scaling or base
 
