@@ -39,7 +39,7 @@ from cloud_providers.errors import ProviderError
 from .api_agents import AGENT_PATHS, agent_gate_for, agent_router_for
 from .controller import Controller, job_summary
 from .dashboard import LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
-from .domain import IllegalTransition, JobState
+from .domain import IllegalTransition, JobState, NotOwner
 from .errors import AuthError, Conflict, DomainError, JobNotFound, SpecError, SpotrainError
 from .logs import job_logs, read_output
 from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
@@ -251,6 +251,28 @@ def _credentials(controller: Controller, token: str) -> tuple[Callable[[str], bo
     return has_token, authorized
 
 
+def _cancel_at_owner(owner: str, job_id: str, token: str) -> dict[str, Any] | None:
+    """Cancel ``job_id`` at its owner when that is a live ``spotrain run``, which serves its API on
+    the URL in its owner file (``cli/run.py``); None when the owner cannot be asked."""
+    import httpx
+
+    from .home import home
+
+    try:
+        info = json.loads((home() / "localcloud" / owner / "owner.json").read_text())
+    except (OSError, ValueError):
+        return None
+    url = info.get("url") if isinstance(info, dict) and owner.startswith("run-") else None
+    if not isinstance(url, str) or not url.startswith("http://127.0.0.1:"):
+        return None
+    try:
+        r = httpx.post(f"{url}/v1/jobs/{job_id}/cancel", headers={"authorization": f"Bearer {token}"}, timeout=10)
+    except httpx.TransportError:
+        return None
+    data = r.json() if r.status_code == 200 else None
+    return data if isinstance(data, dict) else None
+
+
 def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
                body_timeout_s: float = BODY_TIMEOUT_S, refuse_submit: str | None = None) -> FastAPI:
     """The controller's app. ``max_body_bytes`` and ``body_timeout_s`` bound each request's body.
@@ -313,7 +335,14 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
     @app.post("/v1/jobs/{ref}/cancel", dependencies=[Depends(auth)], response_model=JobSummary,
               responses=_refusals(404, 409, 503))
     def cancel(ref: str) -> Any:
-        return controller.cancel(ref)
+        try:
+            return controller.cancel(ref)
+        except NotOwner as exc:
+            # A job of a `spotrain run` (its own embedded controller): asked of it, over its API.
+            forwarded = _cancel_at_owner(exc.owner, exc.job_id, token)
+            if forwarded is None:
+                raise
+            return forwarded
 
     # Job ids and costs are not for anyone on the network (``--host 0.0.0.0`` for remote agents):
     # scrape with the token (Prometheus: ``authorization: {credentials_file: ~/.spotrain/token}``).

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import PROTOCOL_WORKER, run_cli, worker_pids
+from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
 
 PW = {"PW_STEPS": "120", "PW_STEP_S": "0.03"}
 
@@ -96,6 +96,18 @@ def test_detach_attach_follow_cancel_resume(spotrain_home: Path, tmp_path: Path)
         with Store(db_url()).session() as s:
             first = s.query(ProgressSample).filter_by(job_id=new["job_id"]).order_by(ProgressSample.id).first()
             assert first is not None and first.step > stopped_at > 0
+
+        # A `spotrain run` beside the service has its own embedded controller: cancel still works, the
+        # service asks the run's controller; status --watch of an ended job prints it once and returns.
+        beside = cli_proc("run", str(write_pw_spec(tmp_path, name="beside")))
+        procs.append(beside)
+        wait_for(lambda: any(j["name"] == "beside" and j["step"] > 0 for j in c.get("/v1/jobs").json()), 30, "beside running")
+        cancel = run_cli("cancel", "beside")
+        assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout, cancel.stderr
+        out_beside, _ = beside.communicate(timeout=20)
+        assert beside.returncode == 1 and "RUNNING -> CANCELLED" in out_beside, out_beside
+        watch = run_cli("status", "beside", "--watch", timeout=20)
+        assert watch.returncode == 0 and "CANCELLED" in watch.stdout
 
         # Controller management, and its log (under SPOTRAIN_HOME): one line per thing that happened.
         st = run_cli("controller", "status")
