@@ -69,6 +69,9 @@ class JobSummary(_Answer):
     finished_at: float | None
     wall_s: float
     restart_overhead_s: float | None
+    batch_size: int | None = Field(
+        default=None, description="The batch size the job's last gang was told to train with (the goodput "
+                                  "optimizer's pick; see the job's 'batch' events); null: the spec's global_batch_size")
     workers: list[Worker]
     spot_seconds: float
     on_demand_seconds: float

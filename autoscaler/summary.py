@@ -63,6 +63,15 @@ def _deadline_met(job: Any) -> bool | None:
     return bool(job.finished_clock_s - job.submitted_clock_s <= deadline_s)
 
 
+def _batch_size(batch_json: str) -> int | None:
+    """The batch size the controller told the job's last gang (None: the spec's)."""
+    try:
+        size = json.loads(batch_json)["batch_size"] if batch_json else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
 def summary_dict(job: Any, rows: Sequence[Any], *, now: float | None = None) -> dict[str, Any]:
     """The fields of ``schemas.JobSummary`` as plain values (no pydantic: ``status`` without a
     controller prints them straight away, ``finite_json`` making them the API's JSON)."""
@@ -97,6 +106,7 @@ def summary_dict(job: Any, rows: Sequence[Any], *, now: float | None = None) -> 
         "finished_at": job.finished_at,
         "wall_s": (job.finished_at or now) - job.submitted_at,
         "restart_overhead_s": job.restart_overhead_s,
+        "batch_size": _batch_size(getattr(job, "batch_json", "") or ""),
         "workers": [
             {"instance_id": r.instance_id, "offering": r.offering_key, "market": r.market,
              "state": InstanceState(r.state).value, "gpus": r.gpus}

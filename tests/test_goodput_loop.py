@@ -25,6 +25,7 @@ from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
 from autoscaler.spec import JobSpec, spec_from_dict
 from autoscaler.state import Job
+from autoscaler.summary import summary_dict
 from cloud_providers.local.market import HEADER, MarketTrace
 from cost_models.goodput import ThroughputModel, ThroughputParams
 from cost_models.scaling import LinearScaling
@@ -124,6 +125,7 @@ def test_both_train_at_the_batch_the_optimizer_picks(loop: tuple[World, Recordin
             job = s.get(Job, job_id)
             assert job is not None
             batch = json.loads(job.batch_json)
+            assert summary_dict(job, world.store.instances(s, job_id))["batch_size"] == batch["batch_size"]  # status
             events = [r for _, kind, _, r in world.events(job_id) if kind == "batch"]
             assert events, f"no batch event for {job_id}"
             assert events[-1].startswith(f"batch {batch['batch_size']} ")
