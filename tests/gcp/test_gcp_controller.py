@@ -1,5 +1,6 @@
 """``spotrain controller start --cloud gcp`` and ``make_provider``: credentials checked once, one-line errors
-(no credentials, no SDK, no stand-in endpoint for --executor local), and a controller serving on the fake."""
+(no credentials, no SDK, no stand-in endpoint for --executor local), and a preemption while the controller is
+down. A controller serving on the fake, from start-up and recovery on, is in ``test_gcp_remote.py``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from autoscaler.state import Store
 from cloud_providers.errors import CredentialsError
 from cloud_providers.gcp import RetryPolicy, make_provider
 from cloud_providers.local.executor import LocalExecutor
-from support import PROTOCOL_WORKER, REPO, start_controller, worker_pids, write_pw_spec
+from support import PROTOCOL_WORKER, REPO, worker_pids, write_pw_spec
 
 from .fake_compute import FakeCompute
 
@@ -98,19 +99,6 @@ def test_make_provider_rejects_bad_settings(gcp_fake_env: FakeCompute, monkeypat
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
     with pytest.raises(ValueError, match="SPOTRAIN_GCP_PROJECT"):
         make_provider(controller_id="c")
-
-
-def test_controller_serves_on_the_fake(tmp_path: Path, gcp_fake_wall: FakeCompute) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    proc = start_controller(home, "--cloud", "gcp", "--id", "ctl-gcp-smoke", env=gcp_fake_wall.env())
-    try:
-        assert gcp_fake_wall.count("GET", r"/machineTypes$") >= 1  # offerings were listed at start
-        assert gcp_fake_wall.count("GET", r"/aggregated/instances$") >= 1  # recovery listed instances
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    assert "cloud gcp" in (home / "controller.log").read_text()
 
 
 def _controller(cid: str, fake: FakeCompute, root: Path) -> Controller:

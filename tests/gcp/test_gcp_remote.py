@@ -120,6 +120,9 @@ def test_a_job_runs_on_agents_and_survives_a_preemption_seen_on_the_metadata_ser
     notice_at = 0.0
     ctl = start_controller(spotrain_home, "--cloud", "gcp", "--executor", "remote", "--id", controller_id,
                            "--rendezvous-port", str(free_port()), env=compute.env())
+    assert compute.count("GET", r"/machineTypes$") >= 1  # offerings were listed at start
+    assert compute.count("GET", r"/aggregated/instances$") >= 1  # recovery listed the instances
+    assert compute.count("GET", r"/operations$") >= 1  # and the preemptions it may have missed
     info = json.loads((spotrain_home / "controller.json").read_text())
     token = (spotrain_home / "token").read_text().strip()
     api = httpx.Client(base_url=info["url"], headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -162,6 +165,7 @@ def test_a_job_runs_on_agents_and_survives_a_preemption_seen_on_the_metadata_ser
         for m in machines.values():
             m.close()
 
+    assert "cloud gcp, executor remote" in (spotrain_home / "controller.log").read_text()
     assert job["preemptions"] >= 1 and job["attempts"] >= 2 and job["step"] == PW_STEPS, job
     # The notice reached the controller through the agent, from the long poll of instance/preempted.
     assert "preemption-notice" in logs and preempted.name in logs, logs
