@@ -17,6 +17,8 @@ It implements the executor contract (``cloud_providers.executor``) the way the r
 
 Progress is reported through the worker protocol's fields (``step``, ``total_steps``,
 ``last_checkpoint_step``, ``final_model``), read by the controller exactly as a real rank 0's report.
+``next_event_s`` tells the simulation loop when something will next happen (an exit, the first step
+after a restart, a periodic checkpoint is not an event).
 
 A workload with a ``profile`` (a Pollux throughput model, issue 11) trains as the runtime would: at
 the batch configuration the controller gave the gang (``SPOTRAIN_BATCH_JSON``; absent: the spec's
@@ -24,8 +26,6 @@ batch split over the GPUs), progressing at its goodput under the true model and 
 (``grad_stats``), and it reports what the runtime measures: one ``profile`` row per configuration
 trained at (seconds per step and the wait for synchronisation, from the model), ``grad_sqr`` /
 ``grad_var`` and the batch configuration.
-``next_event_s`` tells the simulation loop when something will next happen (an exit, the first step
-after a restart, a periodic checkpoint is not an event).
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def _profiled_rate(w: SimWorkload, g: _Gang, parts: list[tuple[Offering, int]]) 
     step = float(w.profile.step_time(nodes, workers, local, batch.accum_steps))
     compute = (batch.accum_steps + 1) * float(w.profile.grad_time(local))
     g.row = (nodes, workers, local, batch.accum_steps, step / speed, max(0.0, step - compute) / speed)
-    return speed * truth.speedup_at(workers, per_node, BatchConfig(batch.batch_size, batch.local_bsz, batch.accum_steps))
+    return speed * truth.speedup_at(workers, per_node, batch)
 
 
 def _report_profile(job: _Job, now_s: float, out: dict[str, Any]) -> None:
