@@ -251,6 +251,17 @@ def _credentials(controller: Controller, token: str) -> tuple[Callable[[str], bo
     return has_token, authorized
 
 
+def _cancel(controller: Controller, ref: str, token: str) -> Any:
+    try:
+        return controller.cancel(ref)
+    except NotOwner as exc:
+        # A job of a `spotrain run` (its own embedded controller): asked of it, over its API.
+        forwarded = _cancel_at_owner(exc.owner, exc.job_id, token)
+        if forwarded is None:
+            raise
+        return forwarded
+
+
 def _cancel_at_owner(owner: str, job_id: str, token: str) -> dict[str, Any] | None:
     """Cancel ``job_id`` at its owner when that is a live ``spotrain run``, which serves its API on
     the URL in its owner file (``cli/run.py``); None when the owner cannot be asked."""
@@ -335,14 +346,7 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
     @app.post("/v1/jobs/{ref}/cancel", dependencies=[Depends(auth)], response_model=JobSummary,
               responses=_refusals(404, 409, 503))
     def cancel(ref: str) -> Any:
-        try:
-            return controller.cancel(ref)
-        except NotOwner as exc:
-            # A job of a `spotrain run` (its own embedded controller): asked of it, over its API.
-            forwarded = _cancel_at_owner(exc.owner, exc.job_id, token)
-            if forwarded is None:
-                raise
-            return forwarded
+        return _cancel(controller, ref, token)
 
     # Job ids and costs are not for anyone on the network (``--host 0.0.0.0`` for remote agents):
     # scrape with the token (Prometheus: ``authorization: {credentials_file: ~/.spotrain/token}``).
