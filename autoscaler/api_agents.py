@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Body, HTTPException, Request
 
-from cloud_providers.remote.wire import ASSIGNMENT_PATH, REPORT_PATH, Report, WireError
+from cloud_providers.remote.wire import ASSIGNMENT_PATH, OUTPUT_PATH, REPORT_PATH, OutputChunk, Report, WireError
 
 from .remote_executor import (
     AgentLookupError,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # What each lookup refusal means to the agent (``cloud_providers/remote/wire.py``): 404 retry, 410 stop.
 LOOKUP_STATUS: dict[type[AgentLookupError], int] = {InstanceNotYetKnown: 404, InstanceTerminated: 410, WrongInstance: 403}
 # The paths only an agent credential opens (the controller's app checks it before reading a body).
-AGENT_PATHS = frozenset({ASSIGNMENT_PATH, REPORT_PATH})
+AGENT_PATHS = frozenset({ASSIGNMENT_PATH, REPORT_PATH, OUTPUT_PATH})
 
 
 def _decision(executor: RemoteExecutor, authorization: str) -> str | None:
@@ -85,6 +85,19 @@ def agent_router(executor: RemoteExecutor) -> APIRouter:
         except WireError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
         return executor.assignment(instance_id).to_json()
+
+    @router.post(OUTPUT_PATH)
+    def output(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, int]:
+        """Append a chunk of one of the caller's rank logs to the controller's copy."""
+        try:
+            chunk = OutputChunk.from_json(body)
+        except WireError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        instance_id = identify(request, None)
+        try:
+            return {"next_offset": executor.record_output(instance_id, chunk)}
+        except WireError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
 
     return router
 

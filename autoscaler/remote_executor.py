@@ -38,6 +38,7 @@ import hmac
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -55,13 +56,14 @@ from cloud_providers.remote.wire import (
     STATE_IDLE,
     STATE_STOPPED,
     Assignment,
+    OutputChunk,
     RankAssignment,
     Report,
     WireError,
 )
 
 from .errors import SpotrainError
-from .home import ensure_secret, home
+from .home import ensure_secret, home, logs_dir
 from .state import InstanceRow, Store
 from .state.store import Database
 from .state.models import AgentAssignment, AgentProgress, AgentReport
@@ -242,6 +244,7 @@ class RemoteExecutor:
         self.address_of = address_of
         self._clock = clock
         self._started_at = clock()
+        self._output_lock = threading.Lock()
 
     # ----- the Executor contract (controller side) -----
     def start(self, launch: WorkerLaunch) -> None:
@@ -337,6 +340,25 @@ class RemoteExecutor:
             instance_id=instance_id, launch=RankAssignment.from_json(json.loads(row.launch_json)),
             notice=_loads(row.notice_json), stop_attempt=row.stop_attempt,
         )
+
+    def record_output(self, instance_id: str, chunk: OutputChunk) -> int:
+        """Append an agent's chunk of one of its ranks' logs to the controller's copy (the log
+        ``spotrain logs`` and ``logs -f`` read); the copy's size, from which the agent sends next.
+        Only the instance's own ranks of its latest attempt are taken (``WireError`` otherwise)."""
+        la = self.assignment(instance_id).launch
+        if la is None or chunk.attempt != la.attempt or chunk.rank not in la.ranks:
+            raise WireError(f"output: rank {chunk.rank} of attempt {chunk.attempt} does not run on {instance_id}")
+        path = logs_dir(la.job_id) / f"attempt-{la.attempt}-rank-{chunk.rank}.log"
+        with self._output_lock:
+            size = path.stat().st_size if path.exists() else 0
+            if chunk.offset > size:
+                return size  # a gap: the agent sends again from what is here
+            data = chunk.data[size - chunk.offset:]
+            if data:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                with os.fdopen(fd, "ab") as f:
+                    f.write(data)
+            return size + len(data)
 
     def record_report(self, instance_id: str, report: Report) -> None:
         """Store an agent's report; ``WireError`` (nothing stored) if it fails ``check_report``."""

@@ -50,6 +50,8 @@ from .config import AgentConfig
 from .metadata import MetadataError, NoticeSource, sources_for
 from .wire import (
     ASSIGNMENT_PATH,
+    MAX_OUTPUT_CHUNK,
+    OUTPUT_PATH,
     REPORT_PATH,
     STATE_EXITED,
     STATE_IDLE,
@@ -57,6 +59,7 @@ from .wire import (
     STATE_SETUP,
     STATE_STOPPED,
     Assignment,
+    OutputChunk,
     RankAssignment,
     Report,
     WireError,
@@ -115,6 +118,21 @@ class ControllerChannel:
         except httpx.HTTPError as exc:
             raise ControllerUnreachable(str(exc) or type(exc).__name__) from exc
         return self._answer(resp)
+
+    def output(self, chunk: OutputChunk) -> int | None:
+        """Send one chunk of a rank's log; the controller's next offset (None: refused, not retried
+        now: the workers' output is worth less than the loop)."""
+        try:
+            resp = self._http.post(OUTPUT_PATH, json=chunk.to_json())
+        except httpx.HTTPError as exc:
+            raise ControllerUnreachable(str(exc) or type(exc).__name__) from exc
+        if resp.status_code != 200:
+            return None
+        try:
+            nxt = resp.json().get("next_offset")
+        except (ValueError, AttributeError):
+            return None
+        return nxt if isinstance(nxt, int) and not isinstance(nxt, bool) and nxt >= 0 else None
 
 
 class CloudNoticeWatcher:
@@ -210,6 +228,8 @@ class Agent:
         self._last_sent: dict[str, Any] | None = None
         self._last_sent_at = float("-inf")
         self._unreachable_since: float | None = None
+        # (attempt, rank) -> how much of that rank's log the controller has (``_ship_output``).
+        self._shipped: dict[tuple[int, int], int] = {}
         self._restore()
 
     # ----- persistence across agent restarts -----
@@ -334,6 +354,31 @@ class Agent:
         self._last_sent, self._last_sent_at = body, now
         return answer
 
+    def _ship_output(self, *, max_chunks: int = 4) -> None:
+        """Send what is new in the current attempt's rank logs (a few chunks a turn), so that the
+        controller has them for ``spotrain logs`` and ``logs -f``. A channel without ``output`` (a
+        test's fake) ships nothing."""
+        send = getattr(self.channel, "output", None)
+        if send is None or self.launch is None:
+            return
+        log_dir = self.state_dir / "logs" / self.launch.job_id
+        for rank in self.launch.ranks:
+            key = (self.launch.attempt, rank)
+            for _ in range(max_chunks):
+                offset = self._shipped.get(key, 0)
+                try:
+                    with open(log_dir / f"attempt-{self.launch.attempt}-rank-{rank}.log", "rb") as f:
+                        f.seek(offset)
+                        data = f.read(MAX_OUTPUT_CHUNK)
+                except OSError:
+                    break
+                if not data:
+                    break
+                nxt = send(OutputChunk(attempt=self.launch.attempt, rank=rank, offset=offset, data=data))
+                if not isinstance(nxt, int) or nxt <= offset:
+                    break
+                self._shipped[key] = nxt
+
     # ----- the loop -----
     def step(self) -> bool:
         """One turn: assignment, notices, workers, report. False once the agent should exit."""
@@ -347,6 +392,7 @@ class Agent:
                 self._write_notice(cloud_notice)
             if self.gang is not None:
                 self.gang.poll()
+            self._ship_output()
             self._send(self.report(), force=False)
             if self._unreachable_since is not None:
                 log.warning("controller reachable again after %.0f s", self._clock() - self._unreachable_since)

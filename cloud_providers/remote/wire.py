@@ -6,6 +6,11 @@ agent kills its workers and exits).
 
 ``POST /v1/agent/report`` with a :class:`Report` body -> the current assignment (same as the GET).
 
+``POST /v1/agent/output`` with an :class:`OutputChunk` body -> ``{"next_offset": N}``: the bytes of one
+rank's log from an offset, appended to the controller's copy (``spotrain logs -f`` reads it there);
+``next_offset`` is the size of that copy, where the agent sends from next (a chunk it already has is
+not appended twice).
+
 Both carry ``Authorization: Bearer <agent credential>``: ``<decision_id>:<mac>``, where the MAC binds the
 launch decision to the controller's agent token. The controller finds the instance by the decision it
 launched it for, so an agent can only ever read or write its own instance's assignment and reports.
@@ -17,6 +22,8 @@ killed: on the controller's stop order, or they were lost when the agent restart
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +32,9 @@ from ..errors import ProviderError
 
 ASSIGNMENT_PATH = "/v1/agent/assignment"
 REPORT_PATH = "/v1/agent/report"
+OUTPUT_PATH = "/v1/agent/output"
+# The most bytes of log one output chunk carries.
+MAX_OUTPUT_CHUNK = 64 * 1024
 
 STATE_IDLE = "idle"
 STATE_SETUP = "setup"
@@ -181,3 +191,36 @@ class Report:
             notice=notice, instance_id=_str(d, "instance_id", optional=True),
             address=_str(d, "address", optional=True),
         )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputChunk:
+    """Bytes ``offset`` .. ``offset + len(data)`` of the log of ``rank`` in gang ``attempt``."""
+
+    attempt: int
+    rank: int
+    offset: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if self.attempt < 1 or self.rank < 0 or self.offset < 0:
+            raise WireError("output: attempt must be >= 1, rank and offset >= 0")
+        if len(self.data) > MAX_OUTPUT_CHUNK:
+            raise WireError(f"output.data: at most {MAX_OUTPUT_CHUNK} bytes a chunk")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "rank": self.rank, "offset": self.offset,
+                "data": base64.b64encode(self.data).decode("ascii")}
+
+    @classmethod
+    def from_json(cls, d: Any) -> OutputChunk:
+        if not isinstance(d, dict):
+            raise WireError("output: expected an object")
+        text = _str(d, "data")
+        if text is None or len(text) > 2 * MAX_OUTPUT_CHUNK:
+            raise WireError(f"output.data: at most {MAX_OUTPUT_CHUNK} bytes a chunk")
+        try:
+            data = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise WireError("output.data: expected base64") from None
+        return cls(attempt=_int(d, "attempt"), rank=_int(d, "rank"), offset=_int(d, "offset"), data=data)
