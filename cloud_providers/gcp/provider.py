@@ -465,10 +465,11 @@ class GcpProvider:
 
         Compute keeps nothing else of a deleted VM, not even its labels, so the VM is known by its name
         (``named_for``) and reported with the tags the name vouches for, controller and market, TERMINATED
-        at the end of its notice, ``interruption="preemption"``, ``instance_type`` unknown (""). EC2 lists
-        such an instance for about an hour with ``Server.SpotInstanceTermination``; recovery counts
-        either as a preemption, not a lost instance. Asked once per provider: afterwards every VM of the
-        controller has been seen, and ``poll`` reports how it ends."""
+        at the end of its notice, ``interruption="preemption"``, ``instance_type`` unknown (""), for as
+        long as Compute keeps the operation (however long the controller was down, the bill ends at the
+        preemption). EC2 lists such an instance for about an hour with ``Server.SpotInstanceTermination``;
+        recovery counts either as a preemption, not a lost instance. Asked once per provider: afterwards
+        every VM of the controller has been seen, and ``poll`` reports how it ends."""
         vouched = {TAG_CONTROLLER: self.controller_id, TAG_MARKET: SPOT}
         if self._scanned_preemptions or any(vouched.get(k) != v for k, v in tags.items()):
             return []
@@ -485,7 +486,7 @@ class GcpProvider:
                 began = parse_time(str(op.insert_time)) or now
                 with self._lock:
                     known = name in self._known
-                if name in listed or known or not named_for(name, self.controller_id) or began < now - self._retention_s:
+                if name in listed or known or not named_for(name, self.controller_id):
                     continue
                 gone = Instance(instance_id=name, cloud=CLOUD, region=where.region or "", zone=zone, instance_type="",
                                 market=SPOT, state=InstanceState.TERMINATED, tags=dict(vouched), launched_at_s=began,

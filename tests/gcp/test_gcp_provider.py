@@ -201,7 +201,8 @@ def test_a_preemption_while_no_controller_watched_is_a_preemption_after_restart(
     taken, ours, old = (gcp_provider.launch(make(job=j, market=SPOT)) for j in ("away", "deleted", "old"))
     other = make_test_provider(gcp_fake, clock, sleeps)
     theirs = other.launch(request_factory(other)(job="theirs", market=SPOT))
-    gcp_fake.preempt(old.instance_id, complete=True)  # long before the restart: past the retention
+    old_preempted_at = clock()
+    gcp_fake.preempt(old.instance_id, complete=True)  # hours before the restart
     clock.advance(7200)
     # The controller dies; meanwhile Compute preempts and deletes two VMs, and one we had deleted goes.
     gcp_provider.terminate(ours.instance_id)
@@ -211,13 +212,14 @@ def test_a_preemption_while_no_controller_watched_is_a_preemption_after_restart(
     clock.advance(600)
     restarted = make_test_provider(gcp_fake, clock, sleeps, controller_id=cid)
     listed = {i.instance_id: i for i in restarted.list_instances({TAG_CONTROLLER: cid})}
-    assert set(listed) == {taken.instance_id}  # not ours deleted, not another controller's, not the old one
+    assert set(listed) == {taken.instance_id, old.instance_id}  # not ours deleted, not another controller's
+    assert listed[old.instance_id].terminated_at_s == pytest.approx(old_preempted_at + NOTICE_S)
     gone = listed[taken.instance_id]
     assert gone.state is InstanceState.TERMINATED and gone.interruption == "preemption" and gone.market == SPOT
     assert gone.terminated_at_s == pytest.approx(preempted_at + NOTICE_S) and gone.zone == taken.zone
     assert gone.tags == {TAG_CONTROLLER: cid, "spotrain-market": SPOT}  # all a name can vouch for
     assert restarted.list_instances({TAG_JOB: "away"}) == []  # the job label is gone with the VM
-    assert [i.instance_id for i in restarted.list_instances({TAG_CONTROLLER: cid})] == [taken.instance_id]
+    assert {i.instance_id for i in restarted.list_instances({TAG_CONTROLLER: cid})} <= set(listed)
     asked = [q for m, p, q in gcp_fake.queries if m == "GET" and p.endswith("/operations")]
     assert len(asked) == len(restarted.zones)  # each zone once, not on every list
     assert {q["filter"] for q in asked} == {'operationType = "compute.instances.preempted"'}

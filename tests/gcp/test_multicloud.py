@@ -34,6 +34,7 @@ from .fake_compute import FakeCompute
 pytestmark = [pytest.mark.gcp, pytest.mark.aws]
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_BUDGET", "FAILED_NO_RESOURCE"}
+STABLE = ("job_id", "state", "step", "preemptions", "attempts", "final_model")
 # GCP's T4 Spot VMs a little cheaper than EC2's g4dn.xlarge (0.1578): the policy should start there.
 GCP_CHEAP_SPOT = {"n1-standard-4": 0.11, "n1-standard-8": 0.13}
 
@@ -154,7 +155,7 @@ def test_one_controller_starts_on_the_cheaper_cloud_and_moves_when_its_capacity_
     began = time.time()
     cid = f"mc-{uuid.uuid4().hex[:6]}"
     env = {**moto.env(), **gce.env(), "SPOTRAIN_AWS_SPOT_PRICES": json.dumps(dict(TEST_SPOT_PRICES)),
-           "SPOTRAIN_GCP_SPOT_PRICES": json.dumps(GCP_CHEAP_SPOT), "PW_STEPS": "120", "PW_STEP_S": "0.05"}
+           "SPOTRAIN_GCP_SPOT_PRICES": json.dumps(GCP_CHEAP_SPOT), "PW_STEPS": "80", "PW_STEP_S": "0.05"}
     ctl = start_controller(spotrain_home, "--cloud", "aws,gcp", "--executor", "local", "--id", cid, env=env)
     try:
         r = run_cli("submit", str(write_pw_spec(tmp_path, name="mc", workers="{min: 1, max: 1}")), "--json")
@@ -172,14 +173,15 @@ def test_one_controller_starts_on_the_cheaper_cloud_and_moves_when_its_capacity_
                 # GCP runs out of Spot capacity everywhere, and takes the VM back (notice, then deletion).
                 gce.stockout(spot_only=True)
                 gce.preempt(first["instance_id"])
-                time.sleep(2.0)
+                time.sleep(1.0)
                 gce.complete_preemption(first["instance_id"])
             elif first is not None and moved is None and workers and workers[0]["instance_id"] != first["instance_id"]:
                 moved = workers[0]
             time.sleep(0.2)
             job = api_job(job_id)
         assert job["state"] == "SUCCEEDED", job
-        assert _status(job_id) == job  # and the CLI prints the same
+        said = _status(job_id)  # and the CLI says the same
+        assert {k: said[k] for k in STABLE} == {k: job[k] for k in STABLE}
     finally:
         if ctl.poll() is None:
             ctl.send_signal(signal.SIGTERM)
@@ -189,7 +191,7 @@ def test_one_controller_starts_on_the_cheaper_cloud_and_moves_when_its_capacity_
                 ctl.kill()
     assert first is not None and moved is not None, (first, moved)
     assert moved["offering"].startswith("aws/"), moved
-    assert job["preemptions"] >= 1 and job["step"] == 120
+    assert job["preemptions"] >= 1 and job["step"] == 80
     logs = run_cli("logs", job_id).stdout
     assert "capacity" in logs and "gcp/" in logs  # the refused GCP launches, before the move
     assert _alive_everywhere(cid, gce) == []
