@@ -130,8 +130,8 @@ def plant_orphan(compute: FakeCompute, controller_id: str) -> str:
 
 def preempt_one(compute: FakeCompute) -> str | None:
     """Preempt the VM of a job that is training, while a controller is up to see the notice (a VM that
-    Compute deleted while no controller ran is, after a restart, only a lost instance), then end the
-    preemption as Compute does, by deleting it."""
+    Compute preempts and deletes while no controller runs is test_gcp_controller.py's case), then end
+    the preemption as Compute does, by deleting it."""
     training = [j for j in all_jobs() if j["state"] == "RUNNING" and j["workers"] and (j.get("step") or 0) > 0]
     if not training:
         return None

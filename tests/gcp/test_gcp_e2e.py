@@ -9,7 +9,8 @@ anonymous credentials, and nothing of the Google clients is patched. The preempt
 Compute delivers one: the VM goes STOPPING with ``lastStopTimestamp`` and a preempted status message
 (the notice, which the provider reports and the controller relays to the workers, who checkpoint),
 then, after the notice window, the fake deletes it (``instanceTerminationAction=DELETE``). The mirror
-of ``tests/aws/test_aws_e2e.py``.
+of ``tests/aws/test_aws_e2e.py``. The same notice through the VM's metadata server, which only an
+agent watches (``--executor remote``), is ``test_gcp_remote.py``.
 """
 
 from __future__ import annotations
