@@ -16,7 +16,7 @@ import pytest
 
 from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
 
-PW = {"PW_STEPS": "120", "PW_STEP_S": "0.03"}
+PW = {"PW_STEPS": "100", "PW_STEP_S": "0.03"}
 
 
 def cli_proc(*args: str) -> subprocess.Popen[str]:
@@ -82,7 +82,7 @@ def test_detach_attach_follow_cancel_resume(spotrain_home: Path, tmp_path: Path)
         done = run_cli("attach", new["job_id"], "--json", timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
         final = json.loads(done.stdout.strip().splitlines()[-1])
-        assert final["state"] == "SUCCEEDED" and final["step"] == 120
+        assert final["state"] == "SUCCEEDED" and final["step"] == 100
         # Not a terminal: plain progress lines (with --json on stderr), the phase and an ETA in them.
         assert "  training  " in done.stderr and "ETA " in done.stderr and "samples/s" in done.stderr, done.stderr
         events = c.get(f"/v1/jobs/{new['job_id']}/events").json()

@@ -28,14 +28,18 @@ def wait_step(home: Path, name: str, step: int, timeout_s: float = 30) -> None:
     from autoscaler.state import Store
 
     deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if (home / "spotrain.db").exists():
-            store = Store(db_url())
+    while time.time() < deadline and not (home / "spotrain.db").exists():
+        time.sleep(0.1)
+    store = Store(db_url())  # once: each Store runs its schema check, a write, against the run's
+    try:
+        while time.time() < deadline:
             with store.session() as s:
                 job = store.job(s, name)
                 if job is not None and job.step >= step:
                     return
-        time.sleep(0.1)
+            time.sleep(0.2)
+    finally:
+        store.engine.dispose()
     raise AssertionError(f"{name} did not reach step {step}")
 
 
@@ -106,7 +110,7 @@ def test_a_killed_run_is_reported_as_what_happened(spotrain_home: Path, tmp_path
     run` finds the job and records how it ended, not that its workers were stopped."""
     spec = write_pw_spec(tmp_path, name="killed", workers="{min: 1, max: 1}")
     run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env=cli_env(spotrain_home, PW_STEPS="50"))
+                           stderr=subprocess.DEVNULL, env=cli_env(spotrain_home, PW_STEPS="30", PW_STEP_S="0.03"))
     wait_step(spotrain_home, "killed", 5)
     os.kill(run.pid, signal.SIGKILL)
     run.wait(timeout=10)
@@ -123,4 +127,4 @@ def test_a_killed_run_is_reported_as_what_happened(spotrain_home: Path, tmp_path
     logs = run_cli("logs", "killed").stdout
     assert "spotrain run that owned this job was killed" in logs and "workers had ended on their own" in logs, logs
     assert st["state"] in ("SUCCEEDED", "FAILED") and "were stopped" not in logs
-    assert st["step"] == 50
+    assert st["step"] == 30

@@ -12,6 +12,7 @@ import pytest
 
 from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
+from autoscaler.errors import JobNotFound
 from autoscaler.home import db_url
 from autoscaler.policy import get_policy
 from autoscaler.report import cumulative_cost, gather, gpus_by_market, render_png
@@ -77,8 +78,8 @@ def test_report_of_a_preempted_job(spotrain_home: Path, tmp_path: Path, pw_env: 
     r = run_cli("report", job_id, "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert png_size(out.read_bytes()) == (900, 800) and "wrote" in r.stdout
-    missing = run_cli("report", "no-such-job", "-o", str(tmp_path / "x.png"))
-    assert missing.returncode != 0 and "no job" in missing.stderr and not (tmp_path / "x.png").exists()
+    with pytest.raises(JobNotFound):
+        gather(store, "no-such-job")
 
 
 def test_status_logs_cancel_do_not_import_matplotlib(spotrain_home: Path) -> None:
