@@ -465,8 +465,9 @@ class GcpProvider:
 
         Compute keeps nothing else of a deleted VM, not even its labels, so the VM is known by its name
         (``named_for``) and reported with the tags the name vouches for, controller and market, TERMINATED
-        at the end of its notice, ``interruption="preemption"``, ``instance_type`` unknown (""), for as
-        long as Compute keeps the operation (however long the controller was down, the bill ends at the
+        at the end of its notice, ``interruption="preemption"``, ``instance_type`` unknown ("") and
+        ``launched_at_s`` the preemption's start (its launch time went with it), for as long as Compute
+        keeps the operation (however long the controller was down, the bill ends at the
         preemption). EC2 lists such an instance for about an hour with ``Server.SpotInstanceTermination``;
         recovery counts either as a preemption, not a lost instance. Asked once per provider: afterwards
         every VM of the controller has been seen, and ``poll`` reports how it ends."""
