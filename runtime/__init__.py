@@ -16,7 +16,9 @@ from .config import CheckpointConfig, NoticeConfig, TrainerConfig, TrainingConfi
 from .errors import (
     CheckpointCorrupt,
     CheckpointError,
+    ForeignCheckpoint,
     NoValidCheckpoint,
+    ObjectUnreadable,
     RuntimeFailure,
     StateError,
     StoreError,
@@ -28,6 +30,6 @@ from .trainer import ElasticTrainer, StepResult, exit_worker, prefetch_checkpoin
 
 __all__ = [
     "CheckpointConfig", "CheckpointCorrupt", "CheckpointError", "CheckpointManager", "ElasticTrainer",
-    "LoadedCheckpoint", "NoValidCheckpoint", "NoticeConfig", "RuntimeFailure", "StateError", "StepResult",
+    "ForeignCheckpoint", "LoadedCheckpoint", "NoValidCheckpoint", "NoticeConfig", "ObjectUnreadable", "RuntimeFailure", "StateError", "StepResult",
     "StoreError", "TrainerConfig", "TrainingConfig", "UnsupportedStore", "exit_worker", "lr_factor", "make_store", "prefetch_checkpoint", "protocol",
 ]

@@ -16,6 +16,17 @@ Loading walks the checkpoints newest first, verifies size and sha256 of every fi
 in one pass, files in parallel), and falls back to the previous checkpoint when one is truncated or
 corrupt. The loaded tensors are views into the read buffers: no copy beyond the read. Nothing is
 unpickled.
+
+What a store holds is not trusted (issue 14, findings 2, 3 and 10). A manifest must carry its own
+``manifest_sha256``, fit in ``MANIFEST_MAX_BYTES`` and nest no deeper than ``MANIFEST_MAX_DEPTH``
+(the writer refuses a state that would break either), and anything else at a file's path (a
+directory, FIFO, symbolic link, an I/O error) makes the checkpoint corrupt: it is set aside with a
+``CORRUPT`` marker and the load falls back. A manager given a ``job_id`` stamps it into what it
+writes and refuses (:class:`ForeignCheckpoint`) a manifest naming another job, writing nothing: two
+jobs that share a directory must fail, not resume from or prune each other's checkpoints (the id is
+the directory's, :func:`directory_owner`, so that a job resumed on an ended job's URI continues it). A newer
+complete checkpoint of a step set aside replaces it, and pruning drops set-aside and abandoned
+directories and the temporary files of writers killed mid-write, under ``keep``.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from typing import Any, Callable, Collection
 
 import torch
 
-from .errors import CheckpointCorrupt, CheckpointError, StateError
+from .errors import CheckpointCorrupt, CheckpointError, ForeignCheckpoint, ObjectUnreadable, StateError, StoreError
 from .serialization import (
     Layout,
     Shard,
@@ -51,6 +62,10 @@ log = logging.getLogger(__name__)
 # Written into a checkpoint directory that failed verification: it is skipped from then on.
 CORRUPT_MARKER = "CORRUPT"
 MANIFEST_HASH_KEY = "manifest_sha256"
+# A manifest is a few kB to a few MB (the state's skeleton); larger or deeper is not one of ours.
+# Depth counts JSON containers: each level of a state's dicts takes three ({"__dict__": [[k, v]]}).
+MANIFEST_MAX_BYTES = 64 << 20
+MANIFEST_MAX_DEPTH = 100
 
 FORMAT = "spotrain-checkpoint/1"
 STATE_FILE = "state.safetensors"
@@ -83,14 +98,23 @@ class LoadedCheckpoint:
 
 
 class CheckpointManager:
-    """Writes (when ``writer``) and reads the checkpoints of one job in ``store``."""
+    """Writes (when ``writer``) and reads the checkpoints of one job in ``store``.
 
-    def __init__(self, store: Store, *, keep: int, writer: bool = True) -> None:
+    ``job_id``: the job whose checkpoint directory this is (``<store>/<job_id>``, see
+    :func:`directory_owner`), written into every manifest; a manifest naming another job, or none, is
+    refused with :class:`ForeignCheckpoint`. ``also_accept``: other job ids whose manifests belong
+    here too (the trainer's own id, which is not the directory's in a job that ``spotrain resume``
+    started on an ended job's checkpoints). ``job_id=None`` (tools, tests) reads any job's."""
+
+    def __init__(self, store: Store, *, keep: int, writer: bool = True, job_id: str | None = None,
+                 also_accept: Collection[str] = ()) -> None:
         if keep < 1:
             raise ValueError(f"checkpoint.keep: must be >= 1, got {keep}")
         self.store = store
         self.keep = keep
         self.writer = writer
+        self.job_id = job_id
+        self._accepted = frozenset({job_id, *also_accept}) if job_id is not None else frozenset()
         self._layout: Layout | None = None
         self._buffer: torch.Tensor | None = None
         self._copying: Snapshot | None = None
@@ -136,6 +160,10 @@ class CheckpointManager:
             (later if deferred else now).append((views[name], t))
         _copy_all(now, threads=2)
         full = dict(manifest, format=FORMAT, step=step, state=skeleton)
+        if self.job_id is not None:
+            if full.get("job_id") not in (None, self.job_id):  # a resumed job, in the ended job's directory
+                full["written_by_job_id"] = full["job_id"]
+            full["job_id"] = self.job_id
         snap = Snapshot(step=step, tensors=views, manifest=full, stall_s=time.perf_counter() - t0,
                         layout=self._layout, buffer=self._buffer, pending=later)
         if not later:
@@ -231,6 +259,14 @@ class CheckpointManager:
         base = f"checkpoints/{snap.step}"
         assert snap.layout is not None and snap.buffer is not None
         buffer = snap.buffer
+        if _nesting_exceeds(snap.manifest, MANIFEST_MAX_DEPTH):  # never write what a load would refuse
+            raise StateError(f"checkpoint {snap.step}: the state nests deeper than a manifest may "
+                             f"({MANIFEST_MAX_DEPTH} JSON levels); a load would refuse it")
+        if self.store.exists(f"{base}/{CORRUPT_MARKER}"):
+            # This step was set aside (a corrupt or incomplete attempt, or a marker left by a crash):
+            # the checkpoint written now replaces it. Removed first, so that a crash midway leaves an
+            # incomplete directory, never the marker over a good checkpoint (issue 14, finding 3).
+            self.store.delete_tree(base)
 
         def write(shard: Shard) -> tuple[str, dict[str, Any]]:
             # the manifest's writer fsyncs the directory, which makes these renames durable too
@@ -246,8 +282,12 @@ class CheckpointManager:
                 files = dict(pool.map(write, shards))
         manifest = dict(snap.manifest, files=files, created_unix_s=time.time())
         manifest[MANIFEST_HASH_KEY] = _manifest_sha256(manifest)
+        body = json.dumps(manifest, indent=1).encode()
+        if len(body) > MANIFEST_MAX_BYTES:
+            raise StateError(f"checkpoint {snap.step}: the manifest would be {len(body)} bytes, over the "
+                             f"{MANIFEST_MAX_BYTES}-byte limit a load enforces (keep large values in tensors)")
         with self.store.writer(f"{base}/{MANIFEST_FILE}") as f:
-            f.write(json.dumps(manifest, indent=1).encode())
+            f.write(body)
         self.last_durable_step = snap.step
         self.last_durable_unix_s = time.time()
         self.last_persist_s = time.perf_counter() - t0
@@ -259,49 +299,50 @@ class CheckpointManager:
             log.warning("pruning old checkpoints failed (kept them): %s", exc)
 
     def prune(self) -> None:
-        """Keep the newest ``keep`` complete checkpoints; drop older and abandoned partial ones."""
-        complete = [s for s in self.steps() if self.store.exists(f"checkpoints/{s}/{MANIFEST_FILE}")]
+        """Keep the newest ``keep`` complete checkpoints; drop older ones, abandoned partial ones and
+        those set aside as corrupt, and the temporary files of writers killed mid-write."""
+        found = self._listed_steps()
+        usable = [s for s in found if not self.store.exists(f"checkpoints/{s}/{CORRUPT_MARKER}")]
+        complete = [s for s in usable if self.store.exists(f"checkpoints/{s}/{MANIFEST_FILE}")]
         if not complete:
             return
         kept = set(complete[-self.keep :])
         newest = complete[-1]
-        for s in self.steps():
+        for s in found:
             if s not in kept and s < newest:
                 self.store.delete_tree(f"checkpoints/{s}")
+            else:
+                self.store.remove_partial_writes(f"checkpoints/{s}")
 
     def write_final(self, model_state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> str:
         """Write the final weights atomically; returns their URI."""
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
         with self.store.writer(FINAL_MODEL) as f:
             write_safetensors(f, tensors, metadata)
+        try:
+            self.store.remove_partial_writes(os.path.dirname(FINAL_MODEL))
+        except StoreError as exc:  # the weights are written; leftovers wait for the next time
+            log.warning("removing leftover temporary files failed: %s", exc)
         return self.store.url(FINAL_MODEL)
 
     # ----------------------------------------------------------------- reading
+    def _listed_steps(self) -> list[int]:
+        return sorted(int(n) for n in self.store.list_dir("checkpoints") if n.isdigit() and n.isascii())
+
     def steps(self) -> list[int]:
         """Checkpoint steps present, except those set aside as corrupt."""
-        found = sorted(int(n) for n in self.store.list_dir("checkpoints") if n.isdigit())
-        return [s for s in found if not self.store.exists(f"checkpoints/{s}/{CORRUPT_MARKER}")]
+        return [s for s in self._listed_steps() if not self.store.exists(f"checkpoints/{s}/{CORRUPT_MARKER}")]
 
     def load(self, step: int) -> LoadedCheckpoint:
-        """Read and verify checkpoint ``step``; raises :class:`CheckpointCorrupt`."""
+        """Read and verify checkpoint ``step``; raises :class:`CheckpointCorrupt`, or
+        :class:`ForeignCheckpoint` for another job's."""
         early = _take_prefetched(self.store.uri, step)
         if early is not None:
+            self._check_job(early[1].manifest, step)
             self.last_load_s, loaded = early
             self.last_load_prefetched = True
             return loaded
-        base = f"checkpoints/{step}"
-        try:
-            manifest = json.loads(self.store.read_bytes(f"{base}/{MANIFEST_FILE}"))
-        except FileNotFoundError:
-            raise CheckpointCorrupt(f"checkpoint {step}: no manifest (incomplete)") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CheckpointCorrupt(f"checkpoint {step}: manifest is not valid JSON ({exc})") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("step") != step:
-            raise CheckpointCorrupt(f"checkpoint {step}: manifest has the wrong format or step")
-        # The manifest carries the state's skeleton (data position, hyperparameters, RNG states): it is
-        # hashed too, over its canonical JSON without the hash itself.
-        if MANIFEST_HASH_KEY in manifest and manifest[MANIFEST_HASH_KEY] != _manifest_sha256(manifest):
-            raise CheckpointCorrupt(f"checkpoint {step}: manifest fails its sha256 check")
+        manifest = self._read_manifest(step)
         files = manifest.get("files")
         if not isinstance(files, dict) or not files:
             raise CheckpointCorrupt(f"checkpoint {step}: manifest lists no files")
@@ -323,6 +364,52 @@ class CheckpointManager:
             raise CheckpointCorrupt(f"checkpoint {step}: state does not match its manifest ({exc})") from None
         return LoadedCheckpoint(step=step, manifest=manifest, state=state)
 
+    def _read_manifest(self, step: int) -> dict[str, Any]:
+        """The manifest of ``step``, checked in an order where nothing recursive meets untrusted
+        depth: size, JSON, depth, owner, format, then its own sha256."""
+        path = f"checkpoints/{step}/{MANIFEST_FILE}"
+        try:
+            raw = self.store.read_bytes(path, max_bytes=MANIFEST_MAX_BYTES)
+        except FileNotFoundError:
+            raise CheckpointCorrupt(f"checkpoint {step}: no manifest (incomplete)") from None
+        except ObjectUnreadable as exc:
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest: {exc}") from None
+        if len(raw) > MANIFEST_MAX_BYTES:
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest is larger than {MANIFEST_MAX_BYTES} bytes")
+        try:
+            manifest = json.loads(raw)
+        except RecursionError:
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest nests too deep to parse") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest is not valid JSON ({exc})") from None
+        if _nesting_exceeds(manifest, MANIFEST_MAX_DEPTH):
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest nests deeper than {MANIFEST_MAX_DEPTH} levels")
+        if not isinstance(manifest, dict):
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest is not a JSON object")
+        # Before anything is written about it: a checkpoint of another job is neither resumed nor
+        # marked (finding 2: two jobs whose URIs named one directory).
+        self._check_job(manifest, step)
+        if manifest.get("format") != FORMAT or manifest.get("step") != step:
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest has the wrong format or step")
+        # The manifest carries the state's skeleton (data position, hyperparameters, RNG states): it is
+        # hashed too, over its canonical JSON without the hash itself. Required: without it, an edited
+        # manifest whose hash was deleted would load (finding 10).
+        if not isinstance(manifest.get(MANIFEST_HASH_KEY), str):
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest has no {MANIFEST_HASH_KEY}")
+        if manifest[MANIFEST_HASH_KEY] != _manifest_sha256(manifest):
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest fails its sha256 check")
+        return manifest
+
+    def _check_job(self, manifest: dict[str, Any], step: int) -> None:
+        if self.job_id is None or manifest.get("job_id") in self._accepted:
+            return
+        owner = manifest.get("job_id")
+        whose = f"job {owner!r}" if isinstance(owner, str) else "no job id"
+        raise ForeignCheckpoint(
+            f"checkpoint {step} under {self.store.uri} was written by {whose}, not by job {self.job_id!r}: "
+            "refusing to resume from it or to write there (two jobs must never share a checkpoint directory)"
+        )
+
     def _read_file(self, step: int, name: str, info: Any) -> dict[str, torch.Tensor]:
         base = f"checkpoints/{step}"
         if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
@@ -333,6 +420,8 @@ class CheckpointManager:
             buffer, sha = self.store.read_hashed(f"{base}/{name}")
         except FileNotFoundError:
             raise CheckpointCorrupt(f"checkpoint {step}: {name} is missing") from None
+        except ObjectUnreadable as exc:
+            raise CheckpointCorrupt(f"checkpoint {step}: {name}: {exc}") from None
         if buffer.numel() != info["bytes"]:
             raise CheckpointCorrupt(f"checkpoint {step}: {name} has {buffer.numel()} bytes, manifest says {info['bytes']}")
         if sha != info["sha256"]:
@@ -352,12 +441,34 @@ class CheckpointManager:
                 log.warning("skipping checkpoint: %s", exc)
                 if self.writer:
                     # Set aside, not deleted (a format change or a store fault should leave evidence
-                    # and a way back); the next resume and pruning no longer count it.
-                    with self.store.writer(f"checkpoints/{step}/{CORRUPT_MARKER}") as f:
-                        f.write(str(exc).encode())
+                    # and a way back); the next resume no longer counts it, pruning drops it under
+                    # ``keep``, and a newer complete checkpoint of the same step replaces it.
+                    try:
+                        with self.store.writer(f"checkpoints/{step}/{CORRUPT_MARKER}") as f:
+                            f.write(str(exc).encode())
+                    except StoreError as marker_exc:  # e.g. the step is a symbolic link: never written through
+                        log.warning("could not mark checkpoint %d as corrupt: %s", step, marker_exc)
         if steps:
             log.error("no checkpoint under %s verifies; starting from scratch", self.store.uri)
         return None
+
+
+def directory_owner(uri: str) -> str:
+    """The job a checkpoint URI belongs to: its last path segment (the controller gives each job
+    ``<store>/<job_id>``; a resumed job continues the ended job's URI, and so its directory)."""
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests containers more than ``limit`` deep (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _manifest_sha256(manifest: dict[str, Any]) -> str:

@@ -4,8 +4,12 @@
     ├── CheckpointError            (a checkpoint could not be written or read)
     │   ├── CheckpointCorrupt      (a file is missing, truncated or its sha256 differs from the manifest)
     │   ├── NoValidCheckpoint      (checkpoints exist but none of them verifies)
+    │   ├── ForeignCheckpoint      (the manifest names another job: never resumed, marked or written over)
     │   └── StoreError             (the store under a URI failed: I/O, S3 client error)
-    │       └── UnsupportedStore   (a store whose client library is not installed: gs:// without spotrain[gcp])
+    │       ├── UnsupportedStore   (a store whose client library is not installed: gs:// without spotrain[gcp])
+    │       └── ObjectUnreadable   (what is at an object's path cannot be read as that object: a
+    │                               directory, FIFO, device or symbolic link, an I/O error, over a size
+    │                               limit; the checkpoint loader takes it as a corrupt checkpoint)
     └── StateError                 (a state dict cannot be represented without pickle, or does not fit)
 
 User errors in configuration are ``ValueError`` raised when a config dataclass is built, so that a
@@ -33,7 +37,15 @@ class NoValidCheckpoint(CheckpointError):
     pass
 
 
+class ForeignCheckpoint(CheckpointError):
+    pass
+
+
 class StoreError(CheckpointError):
+    pass
+
+
+class ObjectUnreadable(StoreError):
     pass
 
 

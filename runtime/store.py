@@ -7,6 +7,14 @@ multipart upload) is atomic by itself, and on ``gs://`` an upload (simple, multi
 creates a new object generation only once its last byte is in. A checkpoint's manifest is the object
 written last, so a checkpoint directory without one is incomplete (DESIGN.md, Checkpoints).
 
+What a store holds is not trusted (issue 14, findings 2, 3 and 10). :func:`make_store` accepts only
+URIs that round-trip. ``file://`` opens everything below its root one directory at a time without
+following symbolic links, and reads only regular files (a FIFO is refused without blocking on it); a
+directory, FIFO, device, link, I/O error or over-limit size at an object's path is
+:class:`~runtime.errors.ObjectUnreadable`, which the checkpoint loader takes for a corrupt checkpoint.
+A writer killed mid-write leaves a ``.<name>.tmp-<hex>`` file, which
+:meth:`Store.remove_partial_writes` removes (the checkpoint manager calls it when it prunes).
+
 boto3 is imported lazily and honours ``AWS_ENDPOINT_URL`` (moto's server in tests).
 
 ``gs://`` runs on Google's own ``google-cloud-storage`` client rather than fsspec/gcsfs: it is
@@ -23,17 +31,20 @@ manifest's sha256 decides (and the checkpoint loader falls back), as on the othe
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import re
 import shutil
+import stat
 import tempfile
 import uuid
 from typing import Any, BinaryIO, Iterator, Protocol
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 import torch
 
-from .errors import StoreError, UnsupportedStore
+from .errors import ObjectUnreadable, StoreError, UnsupportedStore
 from .serialization import read_into
 
 
@@ -45,7 +56,9 @@ class Store(Protocol):
         later object's writer in the same directory (a checkpoint's files, before its manifest)."""
         ...
 
-    def read_bytes(self, relpath: str) -> bytes: ...
+    def read_bytes(self, relpath: str, *, max_bytes: int | None = None) -> bytes:
+        """The object's bytes; :class:`ObjectUnreadable` if it is larger than ``max_bytes``."""
+        ...
 
     def read_hashed(self, relpath: str) -> tuple[torch.Tensor, str]:
         """The object as a flat uint8 tensor, with its sha256 hex (one pass over the bytes)."""
@@ -57,26 +70,73 @@ class Store(Protocol):
 
     def delete_tree(self, relpath: str) -> None: ...
 
+    def remove_partial_writes(self, relpath: str) -> None:
+        """Remove what writers killed mid-write left in the directory ``relpath`` (``file://``: their
+        temporary files; an upload to ``s3://`` or ``gs://`` leaves no object behind: nothing to do)."""
+        ...
+
     def url(self, relpath: str) -> str: ...
 
 
+# Bucket names as S3 and GCS allow them (lowercase letters, digits, dots, hyphens; GCS also underscores).
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+
+
 def make_store(uri: str) -> Store:
-    """The store for ``uri`` (``file:///abs/path``, ``s3://bucket/prefix``, ``gs://bucket/prefix``)."""
+    """The store for ``uri`` (``file:///abs/path``, ``s3://bucket/prefix``, ``gs://bucket/prefix``).
+
+    A URI the store would read as another one is refused (issue 14, finding 2): the controller gives
+    each job ``<store>/<job_id>``, and with a query (``file:///data/ckpt?/job-2``), a fragment, a
+    percent-escape or a ``.``/``..``/empty segment in it, two jobs' URIs could name one directory.
+    Whatever is accepted round-trips: ``make_store(uri).uri == uri`` up to a trailing ``/``."""
+    _check_uri_text(uri)
     parsed = urlparse(uri)
+    store: Store
     if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
+        if parsed.netloc or not parsed.path.startswith("/"):
             raise ValueError(f"checkpoint URI {uri!r}: file:// URIs must be absolute (file:///path)")
-        return FileStore(unquote(parsed.path))
-    if parsed.scheme == "s3":
+        if not parsed.path.strip("/"):
+            raise ValueError(f"checkpoint URI {uri!r}: the filesystem root cannot be a checkpoint store")
+        store = FileStore(parsed.path.rstrip("/"))
+    elif parsed.scheme in ("s3", "gs"):
         if not parsed.netloc:
             raise ValueError(f"checkpoint URI {uri!r}: missing bucket")
-        return S3Store(parsed.netloc, parsed.path.strip("/"))
-    if parsed.scheme == "gs":
-        if not parsed.netloc:
-            raise ValueError(f"checkpoint URI {uri!r}: missing bucket")
-        _require_gcs(uri)
-        return GcsStore(parsed.netloc, parsed.path.strip("/"))
-    raise ValueError(f"checkpoint URI {uri!r}: unsupported scheme (use file://, s3:// or gs://)")
+        if not _BUCKET.match(parsed.netloc):
+            raise ValueError(f"checkpoint URI {uri!r}: {parsed.netloc!r} is not a bucket name "
+                             "(lowercase letters, digits, '.', '-', '_'; no user, no port)")
+        if parsed.scheme == "gs":
+            _require_gcs(uri)
+        store = (S3Store if parsed.scheme == "s3" else GcsStore)(parsed.netloc, parsed.path.strip("/"))
+    else:
+        raise ValueError(f"checkpoint URI {uri!r}: unsupported scheme (use file://, s3:// or gs://)")
+    if store.uri != uri.rstrip("/"):
+        raise ValueError(f"checkpoint URI {uri!r}: does not round-trip (it would be read as {store.uri!r})")
+    return store
+
+
+def _check_uri_text(uri: str) -> None:
+    if "?" in uri:
+        raise ValueError(f"checkpoint URI {uri!r}: a query ('?') is not allowed (it is not part of the path, "
+                         "so the job's checkpoints would not live under it)")
+    if "#" in uri:
+        raise ValueError(f"checkpoint URI {uri!r}: a fragment ('#') is not allowed (it is not part of the path)")
+    if "%" in uri:
+        raise ValueError(f"checkpoint URI {uri!r}: percent-escapes ('%') are not supported")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
+        raise ValueError(f"checkpoint URI {uri!r}: control characters are not allowed")
+    _, sep, rest = uri.partition("://")
+    segments = rest.split("/")[1:] if sep else []  # after the bucket (or the empty host of file:///)
+    if segments and segments[-1] == "":
+        segments.pop()  # one trailing '/'
+    if any(seg in ("", ".", "..") for seg in segments):
+        raise ValueError(f"checkpoint URI {uri!r}: empty, '.' and '..' path segments are not allowed")
+
+
+# Directories below a FileStore's root are opened one component at a time, never through a symbolic
+# link (issue 14, finding 10): a planted link cannot lead reads, the CORRUPT marker or pruning outside
+# the store. The root itself is the user's configuration and may be (or sit under) a link.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_TEMPORARY = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")  # FileStore.writer's temporary names
 
 
 class FileStore:
@@ -92,60 +152,188 @@ class FileStore:
     def url(self, relpath: str) -> str:
         return "file://" + self._path(relpath)
 
+    @staticmethod
+    def _parts(relpath: str) -> list[str]:
+        parts = [p for p in relpath.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise ValueError(f"store path {relpath!r}: '.' and '..' are not allowed")
+        return parts
+
+    def _open_dir(self, parts: list[str], *, create: bool = False) -> int:
+        """An fd of the directory ``root/parts``, each component opened without following a link.
+        FileNotFoundError when one is missing (unless ``create``); ObjectUnreadable when one is a
+        link, not a directory or cannot be opened."""
+        if create:
+            os.makedirs(self.root, exist_ok=True)
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for i, name in enumerate(parts):
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                try:
+                    child = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    raise
+                except OSError as exc:
+                    where = os.path.join(self.root, *parts[: i + 1])
+                    # O_NOFOLLOW | O_DIRECTORY on a link fails with ENOTDIR: say which it was
+                    link = OSError(errno.ELOOP, "a symbolic link") if _is_link(name, fd) else exc
+                    raise ObjectUnreadable(_unreadable(where, link, directory=True)) from None
+                os.close(fd)
+                fd = child
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @contextlib.contextmanager
+    def _parent(self, relpath: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """(fd of the object's directory, the object's name)."""
+        parts = self._parts(relpath)
+        if not parts:
+            raise ValueError("store path is empty")
+        fd = self._open_dir(parts[:-1], create=create)
+        try:
+            yield fd, parts[-1]
+        finally:
+            os.close(fd)
+
     @contextlib.contextmanager
     def writer(self, relpath: str, *, sync_dir: bool = True) -> Iterator[BinaryIO]:
         path = self._path(relpath)
-        directory = os.path.dirname(path)
-        try:
-            os.makedirs(directory, exist_ok=True)
-            tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
-            f = open(tmp, "wb", buffering=0)
-        except OSError as exc:
-            raise StoreError(f"cannot write {path}: {exc}") from exc
-        try:
-            yield f  # type: ignore[misc]
-            os.fsync(f.fileno())
-            f.close()
-            os.replace(tmp, path)
-            if sync_dir:  # the entry, and the directory's own entry if it was just created
-                _fsync_dir(directory)
-                _fsync_dir(os.path.dirname(directory))
-        except BaseException:
-            f.close()
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        with contextlib.ExitStack() as stack:
+            try:
+                dir_fd, name = stack.enter_context(self._parent(relpath, create=True))
+                tmp = f".{name}.tmp-{uuid.uuid4().hex}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=dir_fd)
+            except OSError as exc:
+                raise StoreError(f"cannot write {path}: {exc}") from exc
+            f = open(fd, "wb", buffering=0)
+            try:
+                yield f  # type: ignore[misc]
+                os.fsync(f.fileno())
+                f.close()
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a link, never follows it
+                if sync_dir:  # the entry, and the directory's own entry if it was just created
+                    os.fsync(dir_fd)
+                    _fsync_dir(os.path.dirname(os.path.dirname(path)))
+            except BaseException:
+                f.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                raise
 
-    def read_bytes(self, relpath: str) -> bytes:
+    def _open_object(self, relpath: str) -> int:
+        """A blocking fd of the regular file at ``relpath``. A FIFO is opened without waiting for a
+        writer, then refused, as are directories, devices and symbolic links."""
+        path = self._path(relpath)
         try:
-            with open(self._path(relpath), "rb") as f:
-                return f.read()
+            with self._parent(relpath) as (dir_fd, name):
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise StoreError(f"cannot read {self._path(relpath)}: {exc}") from exc
+            raise ObjectUnreadable(_unreadable(path, exc)) from None
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise ObjectUnreadable(f"{path} is not a regular file ({_kind(mode)})")
+            os.set_blocking(fd, True)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def read_bytes(self, relpath: str, *, max_bytes: int | None = None) -> bytes:
+        path = self._path(relpath)
+        with open(self._open_object(relpath), "rb", buffering=0) as f:
+            try:
+                size = os.fstat(f.fileno()).st_size
+                if max_bytes is not None and size > max_bytes:
+                    raise ObjectUnreadable(f"{path} is {size} bytes, larger than the limit of {max_bytes}")
+                data = f.read()
+            except OSError as exc:
+                raise ObjectUnreadable(f"cannot read {path}: {exc}") from exc
+        if max_bytes is not None and len(data) > max_bytes:
+            raise ObjectUnreadable(f"{path} grew larger than the limit of {max_bytes} bytes while it was read")
+        return bytes(data)
 
     def read_hashed(self, relpath: str) -> tuple[torch.Tensor, str]:
         path = self._path(relpath)
-        try:
-            with open(path, "rb", buffering=0) as f:
+        with open(self._open_object(relpath), "rb", buffering=0) as f:
+            try:
                 return read_into(f.readinto, os.fstat(f.fileno()).st_size)
-        except FileNotFoundError:
-            raise
-        except (OSError, EOFError) as exc:
-            raise StoreError(f"cannot read {path}: {exc}") from exc
+            except (OSError, EOFError) as exc:
+                raise ObjectUnreadable(f"cannot read {path}: {exc}") from exc
 
     def exists(self, relpath: str) -> bool:
-        return os.path.exists(self._path(relpath))
+        try:
+            with self._parent(relpath) as (dir_fd, name):
+                os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                return True
+        except (FileNotFoundError, ObjectUnreadable):
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot stat {self._path(relpath)}: {exc}") from exc
 
     def list_dir(self, relpath: str) -> list[str]:
         try:
-            return sorted(os.listdir(self._path(relpath)))
+            fd = self._open_dir(self._parts(relpath))
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {self._path(relpath)}: {exc}") from exc
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
 
     def delete_tree(self, relpath: str) -> None:
-        shutil.rmtree(self._path(relpath), ignore_errors=True)
+        """Remove ``relpath`` and everything under it; a symbolic link is removed, not followed."""
+        try:
+            with self._parent(relpath) as (dir_fd, name):
+                if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    shutil.rmtree(name, ignore_errors=True, dir_fd=dir_fd)
+                else:
+                    os.unlink(name, dir_fd=dir_fd)
+        except (OSError, ObjectUnreadable):  # gone already, or under a link: nothing of the store's to delete
+            pass
+
+    def remove_partial_writes(self, relpath: str) -> None:
+        try:
+            fd = self._open_dir(self._parts(relpath))
+        except (OSError, ObjectUnreadable):
+            return
+        try:
+            for name in os.listdir(fd):
+                if _TEMPORARY.match(name):
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFLNK: "a symbolic link",
+             stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+    return kinds.get(stat.S_IFMT(mode), "not a file")
+
+
+def _unreadable(path: str, exc: OSError, *, directory: bool = False) -> str:
+    if exc.errno == errno.ELOOP:
+        return f"{path} is a symbolic link (never followed inside a store)"
+    if directory and exc.errno == errno.ENOTDIR:
+        return f"{path} is not a directory"
+    return f"cannot read {path}: {exc}"
 
 
 def _fsync_dir(directory: str) -> None:
@@ -187,15 +375,21 @@ class S3Store:
             with self._errors(f"upload {self.url(relpath)}"):
                 self.client.upload_fileobj(buf, self.bucket, self._key(relpath))
 
-    def read_bytes(self, relpath: str) -> bytes:
+    def read_bytes(self, relpath: str, *, max_bytes: int | None = None) -> bytes:
         from botocore.exceptions import ClientError
 
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(relpath))["Body"].read()
+            got = self.client.get_object(Bucket=self.bucket, Key=self._key(relpath))
+            size = got.get("ContentLength")
+            if max_bytes is not None and isinstance(size, int) and size > max_bytes:
+                got["Body"].close()
+                raise ObjectUnreadable(f"{self.url(relpath)} is {size} bytes, larger than the limit of {max_bytes}")
+            data: bytes = got["Body"].read()
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise FileNotFoundError(self.url(relpath)) from None
             raise StoreError(f"cannot read {self.url(relpath)}: {exc}") from exc
+        return data
 
     def read_hashed(self, relpath: str) -> tuple[torch.Tensor, str]:
         data = self.read_bytes(relpath)
@@ -237,6 +431,10 @@ class S3Store:
                 self.client.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}
                 )
+
+    def remove_partial_writes(self, relpath: str) -> None:
+        """Nothing to do: an object exists once its upload completed (a multipart upload killed
+        midway leaves parts that listing does not show; a bucket lifecycle rule aborts them)."""
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -320,7 +518,14 @@ class GcsStore:
                 self._blob(relpath, chunked=True).upload_from_file(buf, size=size, checksum="crc32c",
                                                      content_type="application/octet-stream")
 
-    def read_bytes(self, relpath: str) -> bytes:
+    def read_bytes(self, relpath: str, *, max_bytes: int | None = None) -> bytes:
+        """``max_bytes`` is checked once the object is in (the manifest it guards is small)."""
+        data = self._download(relpath)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise ObjectUnreadable(f"{self.url(relpath)} is {len(data)} bytes, larger than the limit of {max_bytes}")
+        return data
+
+    def _download(self, relpath: str) -> bytes:
         from google.cloud.storage.exceptions import DataCorruption
 
         blob = self._blob(relpath)
@@ -369,6 +574,10 @@ class GcsStore:
                     self._gcs_bucket.blob(name).delete(if_generation_match=generation)
                 except (NotFound, PreconditionFailed):
                     continue
+
+    def remove_partial_writes(self, relpath: str) -> None:
+        """Nothing to do: an object generation exists only once its upload's last byte is in (an
+        abandoned resumable upload session leaves no object and expires after a week)."""
 
     @contextlib.contextmanager
     def _errors(self, what: str, url: str, *, missing: str = "object") -> Iterator[None]:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from . import protocol
-from .checkpoint import CheckpointManager, prefetch_latest
+from .checkpoint import CheckpointManager, directory_owner, prefetch_latest
 from .config import TrainerConfig
 from .data import DataOrder, DataPosition, fetch, logical_workers_of
 from .dist import DistContext
@@ -146,8 +146,11 @@ class ElasticTrainer:
         self.metric: float | None = None
         self.metric_name: str | None = None
         self._extra: dict[str, Stateful] = {}
+        # Checkpoints of another job are refused (issue 14, finding 2); the directory's own job is the
+        # URI's (``<store>/<job_id>``), which a job started by ``spotrain resume`` continues.
         self.checkpoints = CheckpointManager(make_store(config.checkpoint.uri), keep=config.checkpoint.keep,
-                                             writer=self.is_rank0)
+                                             writer=self.is_rank0, job_id=directory_owner(config.checkpoint.uri),
+                                             also_accept=(config.job_id,))
         self.progress = ProgressWriter(config.progress_file if self.is_rank0 else None,
                                        interval_s=config.progress_interval_s)
         self.watcher = NoticeWatcher(config.notices).start()

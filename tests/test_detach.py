@@ -16,7 +16,7 @@ import pytest
 
 from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
 
-PW = {"PW_STEPS": "100", "PW_STEP_S": "0.03"}
+PW = {"PW_STEPS": "100", "PW_STEP_S": "0.05"}
 
 
 def cli_proc(*args: str) -> subprocess.Popen[str]:
