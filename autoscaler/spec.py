@@ -125,6 +125,9 @@ class Training(_Strict):
     batch_policy: Literal["fixed", "adaptive"] = "fixed"
     lr_scaling: Literal["adascale", "sqrt", "linear", "none"] = "none"
     max_batch_size: int | None = Field(default=None, ge=1)
+    # Per-GPU micro-batch limit (memory) for batch_policy: adaptive; the runtime splits a logical
+    # worker's micro-batch into chunks to stay within it (issue 11).
+    max_local_batch_size: int | None = Field(default=None, ge=1)
     determinism: Literal["bitwise", "fast"] = "bitwise"
     seed: int = 0
 

@@ -53,6 +53,7 @@ class TrainingConfig:
     batch_policy: BatchPolicy = "fixed"
     lr_scaling: LrScaling = "none"
     max_batch_size: int | None = None
+    max_local_batch_size: int | None = None  # per-GPU micro-batch limit (memory); None: none
     determinism: Determinism = "bitwise"
     seed: int = 0
 
@@ -74,6 +75,11 @@ class TrainingConfig:
                 f"training.max_batch_size ({self.max_batch_size}) is below global_batch_size "
                 f"({self.global_batch_size})"
             )
+        if self.max_local_batch_size is not None and (
+                not isinstance(self.max_local_batch_size, int) or isinstance(self.max_local_batch_size, bool)
+                or self.max_local_batch_size < 1):
+            raise ValueError(f"training.max_local_batch_size: must be a positive integer, got "
+                             f"{self.max_local_batch_size!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"training.seed: must be an integer, got {self.seed!r}")
 

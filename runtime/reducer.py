@@ -101,6 +101,8 @@ class GradientReducer:
         self._sqr = torch.zeros((), dtype=self.dtype, device=device)  # |g_k|^2 of the current logical worker
         self._flags: Callable[[], tuple[bool, bool]] = lambda: (False, False)
         self._loss: torch.Tensor | None = None
+        self._last_chunk = True
+        self._first_chunk = True
         self._tail_done = False
         self._j = 0
         self._seen = bytearray(len(self.params))
@@ -190,7 +192,7 @@ class GradientReducer:
 
         def on_grad(param: torch.Tensor) -> None:
             g = param.grad
-            if g is None:
+            if g is None or not self._last_chunk:  # a logical worker's earlier chunks accumulate in .grad
                 return
             with torch.no_grad():
                 if self._j == 0:
@@ -238,6 +240,7 @@ class GradientReducer:
     def begin_logical(self, j: int) -> None:
         """Prepare the ``j``-th local logical worker's backward."""
         self._j = j
+        self._first_chunk, self._last_chunk = True, True
         self._sqr.zero_()
         if self.mode == "bitwise":
             self._row(j).zero_()
@@ -257,11 +260,28 @@ class GradientReducer:
                 for b, start in zip(self.buffers, self._start_buffers):
                     b.copy_(start)
 
-    def backward_loss(self, loss: torch.Tensor) -> torch.Tensor:
+    def backward_loss(self, loss: torch.Tensor, *, weight: float = 1.0, last: bool = True) -> torch.Tensor:
         """What to call backward on: ``loss / K``, so that rows sum to the mean gradient directly
-        (one pass over the parameters fewer than dividing afterwards)."""
-        self._loss = loss
-        return loss / self.K
+        (one pass over the parameters fewer than dividing afterwards).
+
+        A logical worker's micro-batch may run in chunks (a per-GPU memory limit): call this once per
+        chunk with ``weight`` = its share of the micro-batch and ``last`` on the final one; the chunks'
+        gradients accumulate and the logical worker's loss is their weighted sum."""
+        if weight == 1.0 and last and self._first_chunk:
+            self._loss = loss
+        elif self._first_chunk:
+            self._loss = loss.detach() * weight
+        else:
+            assert self._loss is not None
+            self._loss = self._loss + loss.detach() * weight
+        self._first_chunk, self._last_chunk = False, last
+        return loss / self.K if weight == 1.0 else loss * (weight / self.K)
+
+    @property
+    def logical_loss(self) -> torch.Tensor:
+        """The current logical worker's loss so far (the weighted sum of its chunks)."""
+        assert self._loss is not None
+        return self._loss
 
     def end_logical(self, j: int, loss: torch.Tensor) -> None:
         with torch.no_grad():

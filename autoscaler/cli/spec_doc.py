@@ -46,6 +46,9 @@ DESCRIPTIONS: dict[str, str] = {
     "training.batch_policy": "`fixed` (accuracy-consistent) or `adaptive` (Pollux goodput).",
     "training.lr_scaling": "Learning-rate rule when the batch size changes: `adascale`, `sqrt`, `linear`, `none`.",
     "training.max_batch_size": "Largest global batch `adaptive` may use (at least `global_batch_size`).",
+    "training.max_local_batch_size": "Most samples one GPU processes at once (its memory limit); optional. "
+                                      "`adaptive` picks per-GPU batches within it, and a larger per-GPU share "
+                                      "is split into accumulated chunks.",
     "training.determinism": "`bitwise`: the same weights whatever the workers and preemptions; `fast`.",
     "training.seed": "Seed of every generator (data order, augmentation, initialisation).",
     "objective": "What the policy plans for.",
