@@ -71,6 +71,11 @@ def burn_rate_usd_per_hour(rows: Iterable[InstanceRow], prices: Mapping[str, tup
     return total
 
 
+def history_from_totals(totals: Iterable[tuple[str, float, int]]) -> dict[str, MarketHistory]:
+    """``market_history`` from per-offering totals the database summed (``Store.spot_history``)."""
+    return {k: MarketHistory(k, held, pre) for k, held, pre in totals}
+
+
 def market_history(rows: Iterable[InstanceRow]) -> dict[str, MarketHistory]:
     """Spot seconds held and preemptions seen per offering, over every instance this controller had."""
     held: dict[str, float] = {}

@@ -308,31 +308,7 @@ def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp
     assert info["attempts"] >= 2
 
 
-def test_the_budget_guard_runs_while_the_cloud_cannot_be_polled(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A throttled DescribeInstances fails every tick: the hard budget must hold anyway (the guard
-    runs first, from the database and the last prices seen)."""
-    from cloud_providers.errors import Throttled
-
-    monkeypatch.setenv("PW_STEPS", "100000")
-    monkeypatch.setenv("PW_STEP_S", "0.05")
-    ctl = make_controller("t-guard")
-    # The policy takes the job for a small one (simulate.work_gpu_hours); it runs on until the money is gone.
-    spec, workdir = load_spec(write_pw_spec(tmp_path, extra="objective: {budget_usd: 0.1}\nsimulate: {work_gpu_hours: 0.05}\n"))
-    job = ctl.submit(spec, workdir)
-    assert tick_until_running(ctl, job["job_id"])["state"] == "RUNNING"
-
-    def throttled():  # type: ignore[no-untyped-def]
-        raise Throttled("RequestLimitExceeded", cloud="local")
-
-    monkeypatch.setattr(ctl.provider, "poll", throttled)
-    deadline = time.time() + 60
-    while ctl.job_info(job["job_id"])["state"] == "RUNNING" and time.time() < deadline:
-        ctl.tick()
-        time.sleep(0.1)
-    info = ctl.job_info(job["job_id"])
-    assert info["state"] == "FAILED_BUDGET", info
-    assert info["cost_usd"] <= 0.1
-    assert ctl.last_tick_error is not None and "Throttled" in ctl.last_tick_error
+# The budget guard while the cloud cannot be polled: tests/test_controller_virtual.py (virtual clock).
 
 
 def test_a_launch_whose_minimum_bill_would_cross_the_budget_is_not_made(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -401,6 +401,38 @@ def test_budget_guard_stops_before_the_budget_is_crossed(pace: str, budget: floa
     assert len(seen) >= 3
 
 
+def test_budget_guard_holds_while_the_cloud_cannot_be_polled(pace: str) -> None:
+    """A throttled DescribeInstances fails every tick once the job runs: the hard budget holds
+    anyway (the guard runs first, from the database and the last prices seen), the tick's error is
+    the cloud's, and the loop goes on."""
+    from cloud_providers.errors import Throttled
+
+    budget = 0.9
+    w = make_world(CALM)
+    w.controller.strict = False  # as the service runs: a cloud error ends the tick, not the loop
+    j = w.submit(spec(budget_usd=budget), workload())
+    seen = _tick_watcher(w, j, budget)
+    poll, errors = w.provider.poll, []
+
+    def throttled():  # type: ignore[no-untyped-def]
+        if seen and job_row(w, j).state == "RUNNING":
+            raise Throttled("RequestLimitExceeded", cloud="local")
+        return poll()
+
+    def watched_error() -> None:
+        if w.controller.last_tick_error:
+            errors.append(w.controller.last_tick_error)
+
+    w.provider.poll = throttled  # type: ignore[method-assign]
+    w.controller.tick = (lambda tick: lambda: (tick(), watched_error())[0])(w.controller.tick)  # type: ignore[method-assign]
+    w.run(horizon_s=86400.0)
+    job = job_row(w, j)
+    assert job.state == "FAILED_BUDGET", job.reason
+    assert job.cost_usd <= budget and provider_cost(w, j) <= budget
+    assert errors and all("Throttled" in e for e in errors), errors
+    assert all(not i.alive for i in w.provider.list_instances({TAG_JOB: j}))
+
+
 def test_budget_that_suffices_lets_the_job_succeed(pace: str) -> None:
     budget = 1.875 + SPOT_PRICE * 900.0 / 3600.0 + 0.01
     w = make_world(CALM)

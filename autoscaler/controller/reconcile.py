@@ -168,9 +168,8 @@ def tick(ctx: Context, *, contain: bool = True) -> None:
         views = _observe(ctx, s, jobs, by_key, contain=contain, skip=failed)
         if not views:
             return
-        all_rows = [r for j in ctx.store.jobs(s, controller_id=ctx.controller_id) for r in ctx.store.instances(s, j.job_id)]
         inp = PolicyInput(now_s=now_s, jobs=views, offerings=offerings,
-                          history=ctx.market.merge(accounting.market_history(all_rows)),
+                          history=ctx.market.merge(accounting.history_from_totals(ctx.store.spot_history(s, ctx.controller_id))),
                           decision_interval_s=ctx.tick_s * ctx.clock_rate)
         allocations = {a.job_id: a for a in ctx.policy.decide(inp)}
         wakes = [a.next_decision_s for a in allocations.values() if a.next_decision_s is not None]
