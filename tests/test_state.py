@@ -12,7 +12,8 @@ def test_an_older_database_gains_new_columns_and_keeps_its_jobs(tmp_path: Path) 
     db = tmp_path / "old.db"
     Store(f"sqlite:///{db}")  # create the current schema, then make it look like an older release
     con = sqlite3.connect(db)
-    con.execute("ALTER TABLE jobs DROP COLUMN stalled_restarts")
+    for col in ("stalled_restarts", "profile_json", "batch_json"):  # added by later releases
+        con.execute(f"ALTER TABLE jobs DROP COLUMN {col}")
     con.execute(
         "INSERT INTO jobs (job_id, name, controller_id, cloud, spec_json, workdir, checkpoint_uri, state, reason,"
         " submitted_at, submitted_clock_s, attempt, gang_attempt, gang_port, gang_stopping, restarts_on_errors,"
@@ -27,4 +28,4 @@ def test_an_older_database_gains_new_columns_and_keeps_its_jobs(tmp_path: Path) 
         job = store.job(s, "old")
         assert isinstance(job, Job)
         assert job.job_id == "old-1" and job.preemptions == 2 and job.cost_usd == 1.5
-        assert job.stalled_restarts == 0
+        assert job.stalled_restarts == 0 and job.profile_json == "" and job.batch_json == ""
