@@ -44,6 +44,10 @@ def test_quickstart_survives_a_preemption(spotrain_home: Path) -> None:
     assert st.returncode == 0 and last_json(st.stdout)["state"] == "SUCCEEDED"
     logs = run_cli("logs", job["job_id"])
     assert logs.returncode == 0 and "test_accuracy" in logs.stdout
+    # Its report picture (issue 13): a PNG, drawn from the database with no controller running.
+    png = spotrain_home / "quickstart-report.png"
+    rep = run_cli("report", job["job_id"], "-o", str(png))
+    assert rep.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", rep.stderr
 
 
 @pytest.mark.e2e
