@@ -285,14 +285,20 @@ class FakeCompute:
             self.complete_preemption(name)
         return now + 30.0
 
-    def complete_preemption(self, name: str) -> None:
-        """End a preemption: the VM is deleted (``instanceTerminationAction=DELETE``) or TERMINATED (STOP)."""
+    def complete_preemption(self, name: str) -> bool:
+        """End a preemption: the VM is deleted (``instanceTerminationAction=DELETE``) or TERMINATED (STOP).
+        False, and nothing done, if the VM is gone already (its owner deleted it during the notice)."""
+        self._settle()
         with self._lock:
-            key, inst = self._find(name)
+            found = next(((k, i) for k, i in self._instances.items() if k[1] == name), None)
+            if found is None:
+                return False
+            key, inst = found
             if inst["scheduling"].get("instanceTerminationAction") == "DELETE":
                 del self._instances[key]
             else:
                 inst["status"] = "TERMINATED"
+            return True
 
     def set_status(self, name: str, status: str) -> None:
         with self._lock:

@@ -135,14 +135,17 @@ def preempt_one(compute: FakeCompute) -> str | None:
     training = [j for j in all_jobs() if j["state"] == "RUNNING" and j["workers"] and (j.get("step") or 0) > 0]
     if not training:
         return None
-    name = str(training[-1]["workers"][0]["instance_id"])
+    # The job furthest from its end: one that finished during the notice would have its VM released first.
+    name = str(min(training, key=lambda j: j["step"])["workers"][0]["instance_id"])
     vm = compute.instance(name)
     if vm is None or vm["status"] != "RUNNING":  # released or replaced since the status was read
         return None
-    compute.preempt(name)
+    try:
+        compute.preempt(name)
+    except KeyError:  # released in between
+        return None
     time.sleep(NOTICE_S)
-    compute.complete_preemption(name)
-    return name
+    return name if compute.complete_preemption(name) else None  # None: released during the notice
 
 
 def submit(name: str, tmp_path: Path, proc: subprocess.Popen[bytes]) -> str | None:
