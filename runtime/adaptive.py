@@ -35,13 +35,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from cost_models.goodput import GoodputFunction, ThroughputModel
-
-from . import protocol
+if TYPE_CHECKING:
+    from cost_models.goodput import ThroughputModel
 
 MAX_PROFILE_ROWS = 64
 
@@ -76,7 +75,7 @@ def round_batch(target: float, *, logical_workers: int, init_batch_size: int, ma
     """``target`` as a multiple of ``K`` within ``[M0, max_batch_size]`` (M0 is a multiple of K)."""
     k = logical_workers
     hi = max(init_batch_size, (max_batch_size // k) * k)
-    b = int(round(target / k)) * k
+    b = int(math.floor(target / k + 0.5)) * k
     return min(max(b, init_batch_size), hi)
 
 
@@ -93,10 +92,6 @@ def parse_batch_json(text: str | None) -> int | None:
     if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b < 1:
         return None
     return int(b)
-
-
-def batch_directive(env: Mapping[str, str]) -> int | None:
-    return parse_batch_json(env.get(protocol.ENV_BATCH_JSON))
 
 
 class Profile:
@@ -136,11 +131,13 @@ class Profile:
             if c > 0:
                 self._rows[(int(n), int(k), int(m), int(a))] = [float(c), float(t), float(s)]
 
-    def fit(self) -> ThroughputModel | None:
+    def fit(self) -> "ThroughputModel | None":
         """The throughput model of these rows (``ThroughputModel.fit``), or None when it cannot be fitted."""
         rows = self.rows()
         if not rows:
             return None
+        from cost_models.goodput import ThroughputModel  # scipy: only when a batch is chosen, not at import
+
         cols = {f: np.array([r[f] for r in rows], dtype=np.float64)
                 for f in ("nodes", "replicas", "local_bsz", "accum_steps", "step_time_s", "sync_time_s")}
         try:
@@ -159,6 +156,8 @@ def choose_batch(profile: Profile, *, grad_sqr: float | None, grad_var: float | 
     model = profile.fit()
     if model is None:
         return None
+    from cost_models.goodput import GoodputFunction
+
     try:
         fn = GoodputFunction(model, grad_sqr=grad_sqr, grad_var=grad_var, init_batch_size=init_batch_size)
         choice = fn.optimize(nodes, replicas, max_batch_size=max_batch_size, max_local_bsz=max_local_bsz)

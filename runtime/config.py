@@ -151,6 +151,9 @@ class TrainerConfig:
     timeline (``runtime/timeline.py``); by default it sits beside the progress file. The gradient
     noise statistics are measured on every ``noise_every_steps``-th step (two passes over the
     gradient, ~3% of a small model's step on CPU; a batch-size policy acts over minutes, not steps).
+    ``batch_json`` is the controller's batch for this gang (``SPOTRAIN_BATCH_JSON``), followed with
+    ``batch_policy: adaptive``. With ``adaptive``, ``epochs`` and ``max_steps`` count scale-invariant
+    iterations (``runtime.adaptive``): iterations at the initial batch size.
     """
 
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -168,6 +171,7 @@ class TrainerConfig:
     progress_interval_s: float = 0.5
     log_every_steps: int = 0
     noise_every_steps: int = 8
+    batch_json: str | None = None  # the controller's SPOTRAIN_BATCH_JSON directive for this gang
 
     def __post_init__(self) -> None:
         if self.epochs is None and self.max_steps is None:
@@ -232,6 +236,7 @@ class TrainerConfig:
             attempt=int(_env_float(env, protocol.ENV_ATTEMPT, 1)),
             progress_file=progress_file,
             timeline_file=timeline_file,
+            batch_json=env.get(protocol.ENV_BATCH_JSON) or None,
             num_threads=int(_env_float(env, ENV_NUM_THREADS, overrides.pop("num_threads", 1))),
             **overrides,
         )

@@ -19,26 +19,38 @@ boundary on every rank and ends; :meth:`finish` then returns ``EXIT_RESCHEDULE``
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
+import numpy as np
 import torch
 
 from . import protocol
+from .adaptive import (
+    BatchPlan,
+    Profile,
+    ScaleInvariantProgress,
+    choose_batch,
+    nodes_of,
+    parse_batch_json,
+    plan_batch,
+    round_batch,
+)
 from .checkpoint import CheckpointManager, directory_owner, prefetch_latest
 from .config import TrainerConfig
 from .data import DataOrder, DataPosition, fetch, logical_workers_of
 from .dist import DistContext
 from .errors import StateError
-from .lr_scaling import lr_factor
+from .lr_scaling import adascale_gain, is_adaptive_optimizer, lr_factor
 from .notices import NoticeWatcher
 from .progress import ProgressWriter
 from .reducer import GradientReducer, ReduceResult
 from .seeding import capture_rng_state, restore_rng_state, seed_between_steps, seed_logical_worker
-from .stats import GradientNoiseStats, estimate
+from .stats import ConsecutiveSteps, GradientNoiseStats, estimate
 from .store import make_store
 from .timeline import Timeline, process_start_unix_s
 
@@ -57,6 +69,7 @@ class StepResult:
     epoch_end: bool
     loss: float
     step_time_s: float
+    batch_size: int = 0  # the global batch this step trained with
 
 
 @dataclass
@@ -143,6 +156,18 @@ class ElasticTrainer:
             raise ValueError(f"training.global_batch_size ({self.batch.global_batch_size}) exceeds the dataset "
                              f"({self.order.num_samples} samples)")
         self.noise = GradientNoiseStats()
+        # Issue 11: per-configuration step/sync times, scale-invariant progress, the batch plan.
+        self.profile = Profile()
+        self.iterations = ScaleInvariantProgress()
+        self.consecutive = ConsecutiveSteps() if self.training.logical_workers == 1 else None
+        self.adaptive = self.training.batch_policy == "adaptive"
+        self.adaptive_optimizer = is_adaptive_optimizer(optimizer)
+        self.nodes = nodes_of(self.ctx.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", self.ctx.world_size)))
+        self.plan = self._plan(self.batch.global_batch_size)
+        self._measure_after = 0
+        if self.adaptive_optimizer and self.training.lr_scaling == "adascale" and self.adaptive:
+            self._say("note: lr_scaling adascale with an Adam-family optimizer scales the learning rate by the "
+                      "square root of the AdaScale gain (AdaptDL's AdamScale); progress still counts the gain")
         self.metric: float | None = None
         self.metric_name: str | None = None
         self._extra: dict[str, Stateful] = {}
@@ -189,6 +214,7 @@ class ElasticTrainer:
             "batch": self.batch.state_dict(),
             "position": self.position.state_dict(),
             "trainer": {"metric": self.metric, "metric_name": self.metric_name},
+            "adaptive": {"iterations": self.iterations.state_dict(), "profile": self.profile.state_dict()},
             "rng": rng_tensors,
         }
 
@@ -216,6 +242,12 @@ class ElasticTrainer:
                       f"continuing with the configured {self.batch.global_batch_size}")
         self.metric = state["trainer"].get("metric")
         self.metric_name = state["trainer"].get("metric_name")
+        adaptive = state.get("adaptive")  # absent in checkpoints written before issue 11
+        if adaptive is not None:
+            self.iterations.load_state_dict(adaptive.get("iterations", {}))
+            self.profile.load_state_dict(adaptive.get("profile", {}))
+        else:
+            self.iterations = ScaleInvariantProgress(float(self.position.step), self.position.step)
         if rng_meta is not None:
             restore_rng_state(state["rng"], rng_meta)
 
@@ -245,6 +277,40 @@ class ElasticTrainer:
             with torch.no_grad():
                 for t in list(self.model.parameters()) + list(self.model.buffers()):
                     self.ctx.broadcast_(t.data)
+        self._start_batch()
+
+    def _plan(self, batch_size: int) -> BatchPlan:
+        return plan_batch(batch_size, world_size=self.ctx.world_size, logical_workers=self.training.logical_workers,
+                          max_local_bsz=self.training.max_local_batch_size)
+
+    def _start_batch(self) -> None:
+        """Pick this gang's batch (``batch_policy: adaptive``; module ``runtime.adaptive``): the
+        controller's directive, else the optimizer on the checkpointed profile, else the batch as it
+        was. Rank 0 decides and broadcasts, so every rank trains with the same batch."""
+        if self.adaptive:
+            m0 = self.batch.init_batch_size
+            cap = self.training.max_batch_size or m0 * self.training.logical_workers
+            cap = min(cap, self.order.num_samples)
+            chosen = torch.tensor([self.batch.global_batch_size], dtype=torch.int64)
+            if self.is_rank0:
+                target = parse_batch_json(self.config.batch_json)
+                source = "the controller's directive"
+                if target is None:
+                    target = choose_batch(self.profile, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
+                                          nodes=self.nodes, replicas=self.ctx.world_size, init_batch_size=m0,
+                                          max_batch_size=cap, max_local_bsz=self.training.max_local_batch_size)
+                    source = "the goodput optimizer"
+                if target is not None:
+                    chosen[0] = round_batch(target, logical_workers=self.training.logical_workers,
+                                            init_batch_size=m0, max_batch_size=cap)
+                    if int(chosen[0]) != self.batch.global_batch_size:
+                        self._say(f"batch {self.batch.global_batch_size} -> {int(chosen[0])} on "
+                                  f"{self.ctx.world_size} worker(s), from {source}")
+            if self.ctx.distributed:
+                chosen = self.ctx.broadcast_(chosen.to(self.ctx.device)).cpu()
+            self.batch.global_batch_size = int(chosen[0])
+        self.plan = self._plan(self.batch.global_batch_size)
+        self._measure_after = self.position.step + 1  # the gang's first step is not measured
 
     def _check_compatible(self, manifest: dict[str, Any], step: int) -> None:
         """The checkpoint must come from the same logical layout, seed and determinism mode: with
@@ -263,7 +329,20 @@ class ElasticTrainer:
 
     # ------------------------------------------------------------------ loop
     @property
+    def total_iterations(self) -> float:
+        """Scale-invariant iterations (at the initial batch) the job trains for (adaptive mode)."""
+        per_epoch = self.order.steps_in_epoch(self.batch.init_batch_size)
+        by_epochs = self.config.epochs * per_epoch if self.config.epochs is not None else None
+        limits = [x for x in (by_epochs, self.config.max_steps) if x is not None]
+        return float(min(limits))
+
+    @property
     def total_steps(self) -> int:
+        if self.adaptive:  # steps done, plus the iterations left at the current step's worth
+            left = max(self.total_iterations - self.iterations.iterations, 0.0)
+            gain = adascale_gain(batch_size=self.batch.global_batch_size, init_batch_size=self.batch.init_batch_size,
+                                 grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var)
+            return self.position.step + math.ceil(left / gain - 1e-9)
         per_epoch = self.order.steps_in_epoch(self.batch.global_batch_size)
         by_epochs = self.config.epochs * per_epoch if self.config.epochs is not None else None
         if self.config.max_steps is not None:
@@ -273,6 +352,8 @@ class ElasticTrainer:
 
     @property
     def done(self) -> bool:
+        if self.adaptive:
+            return self.iterations.iterations >= self.total_iterations - 1e-9
         if self.config.max_steps is not None and self.position.step >= self.config.max_steps:
             return True
         return self.config.epochs is not None and self.position.epoch >= self.config.epochs
@@ -322,21 +403,45 @@ class ElasticTrainer:
             return stop_notice is not None, periodic or ckpt_notice is not None
 
         self.reducer.begin_step(measure_noise=K >= 2 and step % self.config.noise_every_steps == 0, flags=flags)
+        chunks = self.plan.chunks
         for j, k in enumerate(self.logical_ids):
             seed_logical_worker(self.training.seed, step, k)
             idx = self.order.logical_indices(self.position, global_batch_size=B, logical_workers=K, logical_rank=k)
-            batch = _to_device(fetch(self.dataset, idx), self.ctx.device)
             self.reducer.begin_logical(j)
-            loss = self.loss_fn(self.model, batch)
-            scaled = self.reducer.backward_loss(loss)
-            (self.grad_scaler.scale(scaled) if self.grad_scaler is not None else scaled).backward()
-            self.reducer.end_logical(j, loss)
+            parts = [idx] if chunks == 1 else np.array_split(idx, chunks)
+            for i, part in enumerate(parts):
+                batch = _to_device(fetch(self.dataset, part), self.ctx.device)
+                loss = self.loss_fn(self.model, batch)
+                weight = 1.0 if chunks == 1 else len(part) / len(idx)
+                scaled = self.reducer.backward_loss(loss, weight=weight, last=i == len(parts) - 1)
+                (self.grad_scaler.scale(scaled) if self.grad_scaler is not None else scaled).backward()
+            self.reducer.end_logical(j, self.reducer.logical_loss)
+        if self.ctx.device.type == "cuda":  # the compute stream only: the all-reduces are on their own
+            torch.cuda.current_stream(self.ctx.device).synchronize()
+        t_sync = time.perf_counter()
         result = self.reducer.reduce()
+        sync_s = time.perf_counter() - t_sync
         self._apply_update(result)
         seed_between_steps(self.training.seed, step)
-        epoch_end = self.order.advance(self.position, B)
+        data_epoch_end = self.order.advance(self.position, B)
+        gain = adascale_gain(batch_size=B, init_batch_size=self.batch.init_batch_size,
+                             grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var)
+        before = self.iterations.iterations
+        due = self.iterations.advance(gain)
+        if self.lr_scheduler is not None:  # in scale-invariant iterations (adaptive; fixed: once per step)
+            for _ in range(due if self.adaptive else 1):
+                self.lr_scheduler.step()
+        if self.adaptive:
+            per_epoch = self.order.steps_in_epoch(self.batch.init_batch_size)
+            epoch = int(math.floor(before / per_epoch + 1e-9))
+            epoch_end = int(math.floor(self.iterations.iterations / per_epoch + 1e-9)) > epoch
+        else:
+            epoch_end = data_epoch_end
         self._pending = result
         dt = time.perf_counter() - t0
+        if step >= self._measure_after:
+            p = self.plan
+            self.profile.add((self.nodes, self.ctx.world_size, p.local_bsz, p.accum_steps), dt, sync_s)
         self._step_time_ema = dt if self._step_time_ema is None else 0.9 * self._step_time_ema + 0.1 * dt
         self.progress.update(
             step=self.position.step, total_steps=self.total_steps, epoch=self.position.epoch, loss=result.loss,
@@ -344,9 +449,17 @@ class ElasticTrainer:
             world_size=self.ctx.world_size, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
             last_checkpoint_step=self.checkpoints.last_durable_step, stall_s=self.stall_s_total,
             last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
+            progress_iterations=self.iterations.iterations, lr_factor=self.lr_factor(),
+            profile=self.profile.rows(), **self.plan.to_json(),
         )
         return StepResult(step=self.position.step, total_steps=self.total_steps, epoch=epoch,
-                          epoch_end=epoch_end, loss=result.loss, step_time_s=dt)
+                          epoch_end=epoch_end, loss=result.loss, step_time_s=dt, batch_size=B)
+
+    def lr_factor(self) -> float:
+        """The factor the learning rate is multiplied by at the current batch (``runtime.lr_scaling``)."""
+        return lr_factor(self.training.lr_scaling, batch_size=self.batch.global_batch_size,
+                         init_batch_size=self.batch.init_batch_size, grad_sqr=self.noise.grad_sqr,
+                         grad_var=self.noise.grad_var, adaptive_optimizer=self.adaptive_optimizer)
 
     def _apply_update(self, result: ReduceResult) -> None:
         B = self.batch.global_batch_size
@@ -357,12 +470,13 @@ class ElasticTrainer:
                            init_batch_size=self.batch.init_batch_size)
             if est is not None:  # one sample stands for noise_every_steps steps of the EMA
                 self.noise.update(*est, batch_scale=B / self.batch.init_batch_size * self.config.noise_every_steps)
+        elif self.consecutive is not None:
+            self._consecutive_noise(B)
         if self.config.max_grad_norm is not None:
             if self.grad_scaler is not None:
                 self.grad_scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.reducer.params, self.config.max_grad_norm)
-        factor = lr_factor(self.training.lr_scaling, batch_size=B, init_batch_size=self.batch.init_batch_size,
-                           grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var)
+        factor = self.lr_factor()
         self.stall_s_total += self.checkpoints.wait_copied()  # a pipelined snapshot reads the weights
         saved = [g["lr"] for g in self.optimizer.param_groups]
         if factor != 1.0:
@@ -376,8 +490,22 @@ class ElasticTrainer:
         if factor != 1.0:
             for g, lr in zip(self.optimizer.param_groups, saved):
                 g["lr"] = lr
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+
+    def _consecutive_noise(self, B: int) -> None:
+        """One logical worker: the statistics from a pair of consecutive steps every
+        ``noise_every_steps`` (``runtime.stats.ConsecutiveSteps``), on the unscaled mean gradient."""
+        assert self.consecutive is not None
+        every, step = self.config.noise_every_steps, self.position.step
+        phase = step % every
+        if every > 1 and phase not in (every - 1, 0):
+            return
+        if every > 1 and phase == every - 1:
+            self.consecutive.reset()
+        inv = 1.0 / float(self.grad_scaler.get_scale()) if self.grad_scaler is not None else 1.0
+        grads = [p.grad if inv == 1.0 else p.grad * inv for p in self.reducer.params if p.grad is not None]
+        est = self.consecutive.update(grads, batch_size=B, init_batch_size=self.batch.init_batch_size)
+        if est is not None:
+            self.noise.update(*est, batch_scale=B / self.batch.init_batch_size * every)
 
     # ------------------------------------------------------------------ checkpoints and reporting
     def checkpoint(self, *, wait: bool = False) -> None:
@@ -398,6 +526,8 @@ class ElasticTrainer:
                        for r in range(self.ctx.world_size)},
             "data_position": self.position.state_dict(),
             "batch": self.batch.state_dict(),
+            "progress_iterations": self.iterations.iterations,
+            "profile": self.profile.rows(),
             "determinism": self.training.determinism,
             "seed": self.training.seed,
             "rng": rng_meta,
