@@ -246,6 +246,8 @@ def test_sigkill_chaos_on_the_gcp_fake(spotrain_home: Path, tmp_path: Path) -> N
             deadline = time.time() + 60
             jobs = api_jobs()
             while any(j["state"] not in TERMINAL for j in jobs) and time.time() < deadline:
+                if preempted is None:  # the kills left no training job to preempt (a slow machine): now
+                    preempted = preempt_one(compute)
                 time.sleep(0.2)
                 jobs = api_jobs()
             jobs = all_jobs()  # what the CLI says
