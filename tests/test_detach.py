@@ -83,8 +83,9 @@ def test_detach_attach_follow_cancel_resume(spotrain_home: Path, tmp_path: Path)
         assert done.returncode == 0, done.stderr[-2000:]
         final = json.loads(done.stdout.strip().splitlines()[-1])
         assert final["state"] == "SUCCEEDED" and final["step"] == 100
-        # Not a terminal: plain progress lines (with --json on stderr), the phase and an ETA in them.
-        assert "  training  " in done.stderr and "ETA " in done.stderr and "samples/s" in done.stderr, done.stderr
+        # Not a terminal: plain progress lines (with --json on stderr) naming the phase; rates and ETAs
+        # are tested on a terminal (tests/test_progress_tty.py), where every poll is drawn.
+        assert "  training  " in done.stderr and "\x1b" not in done.stderr, done.stderr
         events = c.get(f"/v1/jobs/{new['job_id']}/events").json()
         assert any(e["kind"] == "resumed" and f"continues {job_id} from its checkpoint at step {stopped_at}" in e["reason"]
                    for e in events)

@@ -50,8 +50,10 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
 @pytest.mark.e2e
 def test_run_on_a_tty_redraws_one_progress_line(spotrain_home: Path, tmp_path: Path) -> None:
     spec = write_pw_spec(tmp_path, name="tty", workers="{min: 1, max: 1}")
-    child = pexpect.spawn(sys.executable, ["-m", "autoscaler.cli.main", "run", str(spec)], env=cli_env(
-        spotrain_home, PW_STEPS="50", TERM="xterm-256color"), dimensions=(40, 180), encoding="utf-8", timeout=60)
+    # A 180-column terminal (COLUMNS too: pytest's own may say 80, and rich reads it first).
+    env = cli_env(spotrain_home, PW_STEPS="50", TERM="xterm-256color", COLUMNS="180", LINES="40")
+    child = pexpect.spawn(sys.executable, ["-m", "autoscaler.cli.main", "run", str(spec)], env=env, dimensions=(40, 180),
+                          encoding="utf-8", timeout=60)
     child.expect(pexpect.EOF)
     child.close()
     raw = child.before

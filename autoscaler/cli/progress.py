@@ -157,7 +157,7 @@ class LiveView(PlainView):
         from rich.text import Text
 
         colours = {"training": "green", "succeeded": "bold green", "failed": "bold red", "cancelled": "yellow"}
-        out = Text()
+        out = Text(no_wrap=True, overflow="ellipsis")  # one line per job, whatever the terminal's width
         for i, text in enumerate(self._texts.values()):
             phase = text.split("  ")[1] if "  " in text else ""
             style = colours.get(phase, "red" if phase.startswith("failed") else "cyan")
