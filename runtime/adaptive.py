@@ -18,10 +18,13 @@ depend on ``W``: bitwise mode stays bitwise for a given batch).
 
 **Choice** (``batch_policy: adaptive``, at every start of a gang, i.e. every change of instances): the
 controller's directive ``SPOTRAIN_BATCH_JSON`` when there is one (the allocation it chose came with
-its batch); otherwise ``GoodputFunction.optimize`` on the throughput model fitted to the runtime's own
-profile and its gradient statistics (nothing before both exist: the batch stays). Either way the
-total batch is rounded to a multiple of ``K`` within ``[M0, max_batch_size]`` and to no more than
-the dataset holds.
+its batch), rounded to a multiple of ``K`` within ``[M0, max_batch_size]`` (and no more than the
+dataset holds); otherwise the goodput optimizer on the throughput model fitted to the runtime's own
+profile and its gradient statistics (:func:`choose_batch`; nothing before both exist: the batch
+stays). A gang without a directive (``python train.py``, ``torchrun``) also re-optimizes every
+``rebatch_every_steps`` steps and changes its batch at that boundary when the predicted goodput
+improves by more than 5 %; a gang with one keeps it (the controller re-batches by restarting, so a
+schedule of allocations and their batches fixes the run).
 
 **Scale-invariant progress** (AdaScale, Johnson et al. ICML'20; Pollux section 3): a step at batch
 ``B = S * M0`` is worth ``r = (var + sqr) / (var / S + sqr)`` iterations at ``M0`` (the AdaScale gain,
@@ -148,9 +151,14 @@ class Profile:
 
 
 def choose_batch(profile: Profile, *, grad_sqr: float | None, grad_var: float | None, nodes: int, replicas: int,
-                 init_batch_size: int, max_batch_size: int, max_local_bsz: int | None) -> int | None:
-    """The optimizer's total batch for ``(nodes, replicas)`` from the runtime's own profile and
-    statistics (unrounded), or None without both or when nothing fits."""
+                 logical_workers: int, init_batch_size: int, max_batch_size: int, max_local_bsz: int | None,
+                 current: int | None = None, min_gain: float = 0.0, candidates: int = 48) -> int | None:
+    """The total batch of the highest goodput on ``(nodes, replicas)``, from the runtime's own profile
+    and statistics, among the batches this runtime can train with (multiples of ``K`` within
+    ``[M0, max_batch_size]``, each valued at its own plan: the busiest GPU's micro-batches and chunks);
+    the candidates are ``GoodputFunction.optimize``'s pick and a geometric grid. With ``current``,
+    None unless the best beats it by more than ``min_gain`` (Pollux re-optimizes at 5 %). None as
+    well without a profile or statistics, or when the model cannot be fitted."""
     if grad_sqr is None or grad_var is None or not len(profile):
         return None
     model = profile.fit()
@@ -158,14 +166,29 @@ def choose_batch(profile: Profile, *, grad_sqr: float | None, grad_var: float | 
         return None
     from cost_models.goodput import GoodputFunction
 
+    k, m0 = logical_workers, init_batch_size
+    cap = max(m0, (max_batch_size // k) * k)
     try:
-        fn = GoodputFunction(model, grad_sqr=grad_sqr, grad_var=grad_var, init_batch_size=init_batch_size)
-        choice = fn.optimize(nodes, replicas, max_batch_size=max_batch_size, max_local_bsz=max_local_bsz)
+        fn = GoodputFunction(model, grad_sqr=grad_sqr, grad_var=grad_var, init_batch_size=m0)
+        pick = fn.optimize(nodes, replicas, max_batch_size=cap, max_local_bsz=max_local_bsz).batch_size
     except ValueError:
         return None
-    if not (math.isfinite(choice.goodput) and choice.goodput > 0):
+    grid = m0 * np.exp(np.linspace(0.0, np.log(cap / m0), candidates)) if cap > m0 else np.array([float(m0)])
+    sizes = sorted({round_batch(b, logical_workers=k, init_batch_size=m0, max_batch_size=cap)
+                    for b in [*grid, float(pick), *([current] if current else [])]})
+    plans = [plan_batch(b, world_size=replicas, logical_workers=k, max_local_bsz=max_local_bsz) for b in sizes]
+    batch = np.array(sizes, dtype=np.float64)
+    step_s = np.asarray(model.step_time(nodes, replicas, [p.local_bsz for p in plans], [p.accum_steps for p in plans]),
+                        dtype=np.float64)
+    good = np.where(step_s > 0, batch / step_s * np.asarray(fn.efficiency(batch), dtype=np.float64), 0.0)
+    if not np.all(np.isfinite(good)) or good.max() <= 0:
         return None
-    return int(choice.batch_size)
+    best = int(np.argmax(good))
+    if current is not None:
+        here = good[sizes.index(current)] if current in sizes else 0.0
+        if sizes[best] == current or good[best] <= (1.0 + min_gain) * here:
+            return None
+    return sizes[best]
 
 
 @dataclass

@@ -172,6 +172,7 @@ class TrainerConfig:
     log_every_steps: int = 0
     noise_every_steps: int = 8
     batch_json: str | None = None  # the controller's SPOTRAIN_BATCH_JSON directive for this gang
+    rebatch_every_steps: int = 100  # adaptive without a directive: re-optimize this often (0: never)
 
     def __post_init__(self) -> None:
         if self.epochs is None and self.max_steps is None:
@@ -185,6 +186,8 @@ class TrainerConfig:
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"trainer.max_grad_norm: must be positive, got {self.max_grad_norm!r}")
         _check_choice("trainer.backend", self.backend, ("auto", "gloo", "nccl"))
+        if not isinstance(self.rebatch_every_steps, int) or self.rebatch_every_steps < 0:
+            raise ValueError(f"trainer.rebatch_every_steps: must be an integer >= 0, got {self.rebatch_every_steps!r}")
         if not isinstance(self.noise_every_steps, int) or self.noise_every_steps < 1:
             raise ValueError(f"trainer.noise_every_steps: must be a positive integer, got {self.noise_every_steps!r}")
 

@@ -54,6 +54,8 @@ from .stats import ConsecutiveSteps, GradientNoiseStats, estimate
 from .store import make_store
 from .timeline import Timeline, process_start_unix_s
 
+REBATCH_GAIN = 0.05  # a running gang changes its own batch only for more than this share of goodput
+
 
 class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
@@ -283,34 +285,60 @@ class ElasticTrainer:
         return plan_batch(batch_size, world_size=self.ctx.world_size, logical_workers=self.training.logical_workers,
                           max_local_bsz=self.training.max_local_batch_size)
 
-    def _start_batch(self) -> None:
-        """Pick this gang's batch (``batch_policy: adaptive``; module ``runtime.adaptive``): the
-        controller's directive, else the optimizer on the checkpointed profile, else the batch as it
-        was. Rank 0 decides and broadcasts, so every rank trains with the same batch."""
-        if self.adaptive:
-            m0 = self.batch.init_batch_size
-            cap = self.training.max_batch_size or m0 * self.training.logical_workers
-            cap = min(cap, self.order.num_samples)
-            chosen = torch.tensor([self.batch.global_batch_size], dtype=torch.int64)
-            if self.is_rank0:
-                target = parse_batch_json(self.config.batch_json)
-                source = "the controller's directive"
-                if target is None:
-                    target = choose_batch(self.profile, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
-                                          nodes=self.nodes, replicas=self.ctx.world_size, init_batch_size=m0,
-                                          max_batch_size=cap, max_local_bsz=self.training.max_local_batch_size)
-                    source = "the goodput optimizer"
-                if target is not None:
-                    chosen[0] = round_batch(target, logical_workers=self.training.logical_workers,
-                                            init_batch_size=m0, max_batch_size=cap)
-                    if int(chosen[0]) != self.batch.global_batch_size:
-                        self._say(f"batch {self.batch.global_batch_size} -> {int(chosen[0])} on "
-                                  f"{self.ctx.world_size} worker(s), from {source}")
-            if self.ctx.distributed:
-                chosen = self.ctx.broadcast_(chosen.to(self.ctx.device)).cpu()
+    @property
+    def max_batch_size(self) -> int:
+        """The adaptive cap: ``training.max_batch_size`` (else M0 x logical workers), within the dataset."""
+        m0 = self.batch.init_batch_size
+        return min(self.training.max_batch_size or m0 * self.training.logical_workers, self.order.num_samples)
+
+    def _optimized_batch(self, *, current: int | None = None) -> int | None:
+        return choose_batch(self.profile, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
+                            nodes=self.nodes, replicas=self.ctx.world_size,
+                            logical_workers=self.training.logical_workers, init_batch_size=self.batch.init_batch_size,
+                            max_batch_size=self.max_batch_size, max_local_bsz=self.training.max_local_batch_size,
+                            current=current, min_gain=REBATCH_GAIN if current is not None else 0.0)
+
+    def _set_batch(self, decide: Callable[[], int | None], source: str) -> None:
+        """Rank 0 decides (``decide() -> batch or None``) and broadcasts, so every rank trains with the
+        same batch; the plan follows, and its first step is not measured."""
+        chosen = torch.tensor([self.batch.global_batch_size], dtype=torch.int64)
+        if self.is_rank0:
+            target = decide()
+            if target is not None:
+                chosen[0] = target
+        if self.ctx.distributed:
+            chosen = self.ctx.broadcast_(chosen.to(self.ctx.device)).cpu()
+        if int(chosen[0]) != self.batch.global_batch_size:
+            self._say(f"batch {self.batch.global_batch_size} -> {int(chosen[0])} on {self.ctx.world_size} "
+                      f"worker(s) at step {self.position.step}, from {source}")
             self.batch.global_batch_size = int(chosen[0])
         self.plan = self._plan(self.batch.global_batch_size)
-        self._measure_after = self.position.step + 1  # the gang's first step is not measured
+        self._measure_after = self.position.step + 1
+
+    def _start_batch(self) -> None:
+        """This gang's batch (``batch_policy: adaptive``; ``runtime.adaptive``): the controller's
+        directive, else the optimizer on the checkpointed profile, else the batch as it was."""
+        if not self.adaptive:
+            self.plan = self._plan(self.batch.global_batch_size)
+            self._measure_after = self.position.step + 1  # the gang's first step is not measured
+            return
+        directive = parse_batch_json(self.config.batch_json)
+        if directive is not None:
+            self._set_batch(lambda: round_batch(directive, logical_workers=self.training.logical_workers,
+                                                init_batch_size=self.batch.init_batch_size,
+                                                max_batch_size=self.max_batch_size), "the controller's directive")
+        else:
+            self._set_batch(self._optimized_batch, "the goodput optimizer")
+
+    def _maybe_rebatch(self) -> None:
+        """A gang without a directive re-optimizes every ``rebatch_every_steps`` (more than 5 %
+        predicted goodput, as Pollux); with one, the controller decides (it restarts the gang)."""
+        every = self.config.rebatch_every_steps
+        if (not self.adaptive or not every or self.config.batch_json is not None
+                or self.position.step % every or self.done):
+            return
+        self._set_batch(lambda: self._optimized_batch(current=self.batch.global_batch_size),
+                        "the goodput optimizer (more than 5 % goodput)")
 
     def _check_compatible(self, manifest: dict[str, Any], step: int) -> None:
         """The checkpoint must come from the same logical layout, seed and determinism mode: with
@@ -380,6 +408,7 @@ class ElasticTrainer:
                               f"{protocol.EXIT_RESCHEDULE}")
                     return
             result = self._train_step()
+            self._maybe_rebatch()
             if "first_step" not in self.timeline.seen:
                 self.timeline.mark("first_step", step=result.step, step_time_s=result.step_time_s)
                 if self.is_rank0:  # the optimizer's state exists now: the state has its final shapes
@@ -416,7 +445,11 @@ class ElasticTrainer:
                 scaled = self.reducer.backward_loss(loss, weight=weight, last=i == len(parts) - 1)
                 (self.grad_scaler.scale(scaled) if self.grad_scaler is not None else scaled).backward()
             self.reducer.end_logical(j, self.reducer.logical_loss)
-        if self.ctx.device.type == "cuda":  # the compute stream only: the all-reduces are on their own
+        # On CUDA the end of the backward pass is only known after waiting for the compute stream (not
+        # the all-reduces': they have their own), which costs a little overlap: every noise_every_steps.
+        measure = step >= self._measure_after and (self.ctx.device.type != "cuda"
+                                                   or step % self.config.noise_every_steps == 0)
+        if measure and self.ctx.device.type == "cuda":
             torch.cuda.current_stream(self.ctx.device).synchronize()
         t_sync = time.perf_counter()
         result = self.reducer.reduce()
@@ -439,7 +472,7 @@ class ElasticTrainer:
             epoch_end = data_epoch_end
         self._pending = result
         dt = time.perf_counter() - t0
-        if step >= self._measure_after:
+        if measure:
             p = self.plan
             self.profile.add((self.nodes, self.ctx.world_size, p.local_bsz, p.accum_steps), dt, sync_s)
         self._step_time_ema = dt if self._step_time_ema is None else 0.9 * self._step_time_ema + 0.1 * dt

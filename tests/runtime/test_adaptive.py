@@ -152,3 +152,17 @@ def test_fixed_batch_with_chunks_is_bitwise_identical_on_any_world(tmp_path: Pat
         assert s["batches"] == [16] and s["chunks"] == 2 and s["step"] == 32  # an epoch of 512 / 16
         assert s["plan"]["local_bsz"] == 2 and s["plan"]["accum_steps"] == 2 * (4 // w) - 1
     assert _same(rt_launch.final_tensors(tmp_path / "one"), rt_launch.final_tensors(tmp_path / "two"))
+
+
+@pytest.mark.e2e
+def test_the_adaptive_example_trains_and_reports(tmp_path: Path) -> None:
+    """examples/adaptive/train.py as ``python train.py`` (no directive): one epoch's worth of
+    iterations, its own re-optimized batch, test accuracy and the profile in the progress file."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "adaptive" / "train.py"
+    env = {"ADAPTIVE_EPOCHS": "1", protocol.ENV_CHECKPOINT_URI: f"file://{tmp_path / 'ex'}",
+           protocol.ENV_PROGRESS_FILE: str(tmp_path / "ex.json"), protocol.ENV_JOB_ID: "ex"}
+    res = rt_launch.wait(rt_launch.start(1, env, script=example))
+    assert res.codes == [0], res.outputs
+    prog = json.loads((tmp_path / "ex.json").read_text())
+    assert prog["completed"] and prog["metric_name"] == "test_accuracy" and 0.3 < prog["metric"] <= 1.0
+    assert prog["progress_iterations"] >= 16384 // 64 and prog["profile"] and prog["batch_size"] % 8 == 0

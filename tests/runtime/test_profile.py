@@ -59,15 +59,25 @@ def test_profile_means_survive_json_and_feed_the_optimizer() -> None:
     assert set(row) == {"nodes", "replicas", "local_bsz", "accum_steps", "step_time_s", "sync_time_s"}
     fitted = prof.fit()
     assert fitted is not None
-    got = choose_batch(prof, grad_sqr=1.0, grad_var=20.0, nodes=1, replicas=4, init_batch_size=64,
-                       max_batch_size=1024, max_local_bsz=None)
-    want = GoodputFunction(fitted, grad_sqr=1.0, grad_var=20.0, init_batch_size=64).optimize(1, 4, max_batch_size=1024)
-    assert got == want.batch_size and 64 <= got <= 1024
+    args = dict(nodes=1, replicas=4, logical_workers=8, init_batch_size=64, max_batch_size=1024, max_local_bsz=None)
+    got = choose_batch(prof, grad_sqr=1.0, grad_var=20.0, **args)  # type: ignore[arg-type]
+    assert got is not None and got % 8 == 0 and 64 <= got <= 1024
+    fn = GoodputFunction(fitted, grad_sqr=1.0, grad_var=20.0, init_batch_size=64)
+
+    def goodput(b: int) -> float:  # at the runtime's own plan of batch b on 4 GPUs
+        p = plan_batch(b, world_size=4, logical_workers=8)
+        return b / float(fitted.step_time(1, 4, p.local_bsz, p.accum_steps)) * fn.efficiency(b)
+
+    # the best of every batch this runtime can train with, the optimizer's own pick among them
+    pick = round_batch(fn.optimize(1, 4, max_batch_size=1024).batch_size, logical_workers=8, init_batch_size=64,
+                       max_batch_size=1024)
+    assert goodput(got) >= goodput(pick) and goodput(got) >= 0.99 * max(goodput(b) for b in range(64, 1025, 8))
+    # with the current batch: None unless more than the gain
+    assert choose_batch(prof, grad_sqr=1.0, grad_var=20.0, current=got, min_gain=0.05, **args) is None  # type: ignore[arg-type]
+    assert choose_batch(prof, grad_sqr=1.0, grad_var=20.0, current=64, min_gain=0.05, **args) == got  # type: ignore[arg-type]
     # nothing to choose from without statistics or without a profile
-    assert choose_batch(prof, grad_sqr=None, grad_var=None, nodes=1, replicas=4, init_batch_size=64,
-                        max_batch_size=1024, max_local_bsz=None) is None
-    assert choose_batch(Profile(), grad_sqr=1.0, grad_var=1.0, nodes=1, replicas=4, init_batch_size=64,
-                        max_batch_size=1024, max_local_bsz=None) is None
+    assert choose_batch(prof, grad_sqr=None, grad_var=None, **args) is None  # type: ignore[arg-type]
+    assert choose_batch(Profile(), grad_sqr=1.0, grad_var=1.0, **args) is None  # type: ignore[arg-type]
 
 
 def test_scale_invariant_progress_steps_the_scheduler_per_whole_iteration() -> None:
@@ -78,11 +88,12 @@ def test_scale_invariant_progress_steps_the_scheduler_per_whole_iteration() -> N
 
 def _trainer(tmp: Path, *, logical_workers: int, steps: int, batch: int = 8, policy: str = "fixed",
              batch_json: str | None = None, max_local: int | None = None, noise_every: int = 2,
-             optimizer: str = "sgd", lr_scaling: str = "adascale", epochs: int | None = None) -> ElasticTrainer:
+             optimizer: str = "sgd", lr_scaling: str = "adascale", epochs: int | None = None,
+             label_noise: float = 0.3) -> ElasticTrainer:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(256, 4, generator=g)
-    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]]) + 0.3 * torch.randn(256, 1, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]]) + label_noise * torch.randn(256, 1, generator=g)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = (torch.optim.Adam(model.parameters(), lr=0.01) if optimizer == "adam"
            else torch.optim.SGD(model.parameters(), lr=0.05))
@@ -134,10 +145,10 @@ def test_without_a_directive_an_adaptive_gang_picks_the_optimizers_batch(tmp_pat
     second._started = True
     second._resume()
     try:
-        pick = choose_batch(second.profile, grad_sqr=second.noise.grad_sqr, grad_var=second.noise.grad_var,
-                            nodes=1, replicas=1, init_batch_size=8, max_batch_size=128, max_local_bsz=None)
-        assert pick is not None
-        want = round_batch(pick, logical_workers=2, init_batch_size=8, max_batch_size=128)
+        want = choose_batch(second.profile, grad_sqr=second.noise.grad_sqr, grad_var=second.noise.grad_var,
+                            nodes=1, replicas=1, logical_workers=2, init_batch_size=8, max_batch_size=128,
+                            max_local_bsz=None)
+        assert want is not None
         assert second.batch.global_batch_size == want and second.plan.batch_size == want
     finally:
         second.close()
@@ -160,3 +171,18 @@ def test_chunks_within_the_per_gpu_limit_give_the_same_update_up_to_rounding(tmp
     for a, b in zip(whole.model.parameters(), chunked.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
     assert not np.isclose(whole.profile.rows()[0]["local_bsz"], chunked.profile.rows()[0]["local_bsz"])
+
+
+def test_a_gang_without_a_directive_re_optimizes_at_fixed_steps(tmp_path: Path) -> None:
+    t = _trainer(tmp_path, logical_workers=2, steps=60, policy="adaptive", noise_every=1, label_noise=10.0)
+    object.__setattr__(t.config, "rebatch_every_steps", 20)
+    seen: dict[int, int] = {}
+    try:
+        for step in t:
+            seen[step.step] = step.batch_size
+    finally:
+        t.close()
+    changes = [s for s in seen if s - 1 in seen and seen[s] != seen[s - 1]]
+    assert all((s - 1) % 20 == 0 for s in changes), changes  # only right after a re-optimization step
+    assert seen[1] == 8 and len(set(seen.values())) >= 2  # noisy labels: a larger batch pays
+    assert all(b % 2 == 0 and 8 <= b <= 128 for b in seen.values())
