@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 
@@ -17,6 +18,20 @@ from .harness import TEST_SPOT_PRICES, MotoServer, any_image_id
 pytestmark = pytest.mark.aws
 
 
+def synced_factory(provider: AwsProvider, clock: FakeClock) -> Callable[..., LaunchRequest]:
+    """Requests as ``request_factory`` makes them, with the frozen test clock caught up to the wall
+    clock just before: moto stamps a launch with real time, and a loaded machine can spend seconds
+    between the clock's creation and the launch (fixtures, catalog discovery)."""
+    make = request_factory(provider)
+
+    def synced(**kwargs: object) -> LaunchRequest:
+        request = make(**kwargs)
+        clock.now_s = max(clock.now_s, time.time())
+        return request
+
+    return synced
+
+
 class TestAwsInProcess(ProviderContract):
     """moto's ``mock_aws``: boto3 calls are answered inside this process."""
 
@@ -25,8 +40,8 @@ class TestAwsInProcess(ProviderContract):
         return make_test_provider(clock, sleeps)
 
     @pytest.fixture
-    def launch_request_factory(self, provider: AwsProvider) -> Callable[..., LaunchRequest]:
-        return request_factory(provider)
+    def launch_request_factory(self, provider: AwsProvider, clock: FakeClock) -> Callable[..., LaunchRequest]:
+        return synced_factory(provider, clock)
 
     @pytest.fixture
     def advance_time(self, clock: FakeClock) -> Callable[[float], None]:
@@ -50,8 +65,8 @@ class TestAwsServerMode(ProviderContract):
         )
 
     @pytest.fixture
-    def launch_request_factory(self, provider: AwsProvider) -> Callable[..., LaunchRequest]:
-        return request_factory(provider)
+    def launch_request_factory(self, provider: AwsProvider, clock: FakeClock) -> Callable[..., LaunchRequest]:
+        return synced_factory(provider, clock)
 
     @pytest.fixture
     def advance_time(self, clock: FakeClock) -> Callable[[float], None]:
