@@ -112,8 +112,9 @@ def test_a_killed_run_is_reported_as_what_happened(spotrain_home: Path, tmp_path
     run` finds the job and records how it ended, not that its workers were stopped."""
     spec = write_pw_spec(tmp_path, name="killed", workers="{min: 1, max: 1}")
     run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env=cli_env(spotrain_home, PW_STEPS="30", PW_STEP_S="0.03"))
+                           stderr=subprocess.DEVNULL, env=cli_env(spotrain_home, PW_STEPS="50"))
     wait_step(spotrain_home, "killed", 5)
+    assert run.poll() is None, "the run ended before it could be killed"
     os.kill(run.pid, signal.SIGKILL)
     run.wait(timeout=10)
     deadline = time.time() + 30
@@ -129,4 +130,4 @@ def test_a_killed_run_is_reported_as_what_happened(spotrain_home: Path, tmp_path
     logs = run_cli("logs", "killed").stdout
     assert "spotrain run that owned this job was killed" in logs and "workers had ended on their own" in logs, logs
     assert st["state"] in ("SUCCEEDED", "FAILED") and "were stopped" not in logs
-    assert st["step"] == 30
+    assert st["step"] == 50
