@@ -2,10 +2,18 @@
 runs the Quickstart job with the real elastic runtime, checkpoints to ``gs://`` on the GCS fake, takes a
 Spot VM preemption and finishes with nothing left running.
 
+The preemption reaches the workers as it does on a VM: through the GCE metadata server (the fake in
+``tests/gcp/fake_metadata.py``; the workers' runtime watches it, ``SPOTRAIN_NOTICE_SOURCES=gce-metadata``,
+which the local executor's ranks inherit from the controller's environment). Only once a rank has seen
+that notice does Compute take the VM (STOPPING, then deleted), so the checkpoint the job resumes from
+was written on the metadata server's word. The local executor's ranks share one host and so one
+metadata server: the test turns ``preempted`` back to FALSE once the notice was seen, as the
+replacement VM's own metadata server would say.
+
 The Compute fake (``tests/gcp/fake_compute.py``) and the GCS fake (``tests/gcp/fake_gcs.py``) run in
 this process; the controller subprocess reaches Compute through ``SPOTRAIN_GCP_ENDPOINT`` and its
 workers reach GCS through ``STORAGE_EMULATOR_HOST`` (the client library's own convention), both with
-anonymous credentials, and nothing of the Google clients is patched. The preemption is delivered as
+anonymous credentials, and nothing of the Google clients is patched. Compute's side of the preemption is as
 Compute delivers one: the VM goes STOPPING with ``lastStopTimestamp`` and a preempted status message
 (the notice, which the provider reports and the controller relays to the workers, who checkpoint),
 then, after the notice window, the fake deletes it (``instanceTerminationAction=DELETE``). The mirror
@@ -34,6 +42,7 @@ from support import REPO, run_cli, start_controller, worker_pids
 from .conftest import api_job
 from .fake_compute import FakeCompute
 from .fake_gcs import FakeGcs
+from .fake_metadata import FakeGceMetadata
 
 pytestmark = [pytest.mark.gcp, pytest.mark.e2e]
 
@@ -76,10 +85,26 @@ def quickstart_spec(dir_: Path, store_uri: str) -> Path:
     return spec
 
 
-def deliver_preemption(compute: FakeCompute, name: str, *, notice_s: float) -> threading.Thread:
-    """Notice now (STOPPING), deletion after ``notice_s``, in the background."""
+def notices_seen(home: Path) -> list[dict[str, Any]]:
+    """Every rank-0 ``notice_seen`` of a preemption in the runtime timelines under ``home`` (a
+    rescale's notice comes from the controller's notice file)."""
+    from runtime.timeline import read_timeline
+
+    return [e for p in sorted(home.rglob("timeline.jsonl")) for e in read_timeline(str(p))
+            if e["event"] == "notice_seen" and e.get("reason") == "preemption"]
+
+
+def deliver_preemption(compute: FakeCompute, metadata: FakeGceMetadata, home: Path, name: str, *,
+                       notice_s: float) -> threading.Thread:
+    """In the background: ``preempted`` TRUE on the metadata server; once a rank saw it, Compute
+    stops the VM (STOPPING) and deletes it after ``notice_s``."""
 
     def run() -> None:
+        metadata.preempt()
+        deadline = time.time() + 30
+        while not notices_seen(home) and time.time() < deadline:
+            time.sleep(0.05)
+        metadata.set("preempted", "FALSE")  # the replacement VM's metadata server (see the module doc)
         compute.preempt(name)
         time.sleep(notice_s)
         compute.complete_preemption(name)
@@ -99,9 +124,10 @@ def test_quickstart_on_the_gcp_fake_survives_a_preemption_with_gcs_checkpoints(
     began = time.time()
     controller_id = f"e2e-{uuid.uuid4().hex[:8]}"
     bucket = f"spotrain-e2e-{uuid.uuid4().hex[:8]}"
-    with FakeCompute() as compute, FakeGcs() as gcs:
+    with FakeCompute() as compute, FakeGcs() as gcs, FakeGceMetadata() as metadata:
         gcs.create_bucket(bucket)
-        env = {**compute.env(), "STORAGE_EMULATOR_HOST": gcs.endpoint}
+        env = {**compute.env(), "STORAGE_EMULATOR_HOST": gcs.endpoint,
+               "SPOTRAIN_NOTICE_SOURCES": "gce-metadata", "SPOTRAIN_GCE_METADATA_ENDPOINT": metadata.endpoint}
         spec = quickstart_spec(tmp_path, f"gs://{bucket}/runs")
         ctl = start_controller(spotrain_home, "--cloud", "gcp", "--executor", "local", "--id", controller_id, env=env)
         preempted: str | None = None
@@ -116,7 +142,7 @@ def test_quickstart_on_the_gcp_fake_survives_a_preemption_with_gcs_checkpoints(
                         and job["step"] >= 0.1 * job["total_steps"]):
                     assert all(w["market"] == "spot" and w["offering"].startswith("gcp/") for w in job["workers"])
                     preempted = job["workers"][0]["instance_id"]
-                    deliver_preemption(compute, preempted, notice_s=NOTICE_S)
+                    deliver_preemption(compute, metadata, spotrain_home, preempted, notice_s=NOTICE_S)
                 time.sleep(0.25)
                 job = api_job(job_id)
             assert job["state"] == "SUCCEEDED", job
@@ -133,6 +159,9 @@ def test_quickstart_on_the_gcp_fake_survives_a_preemption_with_gcs_checkpoints(
                     ctl.wait()
 
         assert job["preemptions"] >= 1, job
+        # The workers heard of it from the metadata server, before Compute stopped the VM.
+        seen = notices_seen(spotrain_home)
+        assert seen and seen[0]["source"] == "gce-metadata", seen
         assert job["attempts"] >= 2, job  # the gang was restarted from a checkpoint
         assert 0 < job["cost_usd"] < job["on_demand_cost_usd"], job
         assert job["metric_name"] == "test_accuracy" and job["metric"] > 0.5, job
