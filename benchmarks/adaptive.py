@@ -53,7 +53,9 @@ def run_once(policy: str, seed: int, epochs: int, scenario: Path, timeout: float
             raise SystemExit(f"spotrain run failed ({policy}, seed {seed}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         job = json.loads(lines[-1])
         logs = _spotrain(["logs", job["job_id"]], home, 60).stdout
-    batch_events = [ln.strip() for ln in logs.splitlines() if re.search(r"\bbatch\b", ln) and "]" in ln][:20]
+    # the controller's ``batch`` events and rank 0's own batch changes
+    batch_events = [" ".join(ln.split()) for ln in logs.splitlines()
+                    if re.match(r"^\S+\s+batch\s", ln) or ln.startswith("[spotrain] batch")][:20]
     worker_lines = [ln for ln in logs.splitlines() if "lr x" in ln or "batch " in ln and "->" in ln]
     batches = sorted({int(m) for ln in worker_lines for m in re.findall(r"batch\s+(\d+)\s", ln)})
     lrs = sorted({float(m) for ln in worker_lines for m in re.findall(r"lr x([0-9.]+)", ln)})
