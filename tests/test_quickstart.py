@@ -60,7 +60,7 @@ def test_bitwise_identical_through_preemptions_and_resizes(spotrain_home: Path) 
                    "--set", "workers.min=2", "--set", "training.determinism=bitwise", "--json", env=env, timeout=180)
     assert calm.returncode == 0, calm.stderr[-3000:]
     storm = run_cli("run", str(QUICKSTART / "job.yaml"), "--scenario", str(QUICKSTART / "scenarios" / "storm.yaml"),
-                    "--set", "training.determinism=bitwise", "--json", env=env, timeout=240)
+                    "--set", "workers.min=1", "--set", "training.determinism=bitwise", "--json", env=env, timeout=240)
     assert storm.returncode == 0, storm.stderr[-3000:]
     a, b = last_json(calm.stdout), last_json(storm.stdout)
     assert a["preemptions"] == 0 and b["preemptions"] >= 2
@@ -92,7 +92,7 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous(spotrain_home: Path
     ctl = Controller(store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=get_policy(),
                      controller_id="t-corrupt", tick_s=0.1, clock_rate=setup.clock_rate)
     # Periodic checkpoints every 10 market seconds (1/6 of a real second), so there is a previous one to fall back to.
-    spec, workdir = load_spec(QUICKSTART / "job.yaml", overrides=["checkpoint.interval=10s", "workers.max=1"])
+    spec, workdir = load_spec(QUICKSTART / "job.yaml", overrides=["checkpoint.interval=10s", "workers.min=1", "workers.max=1"])
     job = ctl.submit(spec, workdir)
     ckpts = Path(job["checkpoint_uri"].removeprefix("file://")) / "checkpoints"
     damaged: list[tuple[int, int]] = []
