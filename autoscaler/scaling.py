@@ -12,6 +12,14 @@ fixed``, or no gradient statistics yet) the total batch stays the initial one, s
 with the fewest accumulation steps that fit the per-GPU limit; with ``batch_policy: adaptive`` and
 gradient statistics it is ``GoodputFunction.optimize`` (Pollux section 3.2) within the spec's limits.
 Every allocation size of one node shape is valued in one vectorized call, then cached.
+
+A job with ``logical_workers`` K (every spec has them) is valued as the runtime trains it, not as the
+free Pollux optimizer would split it: a total batch B is K micro-batches of B/K (each split into
+chunks within the per-GPU limit), and a GPU of k runs ceil(K/k) of them in turn (``runtime_plan``, the
+same arithmetic as ``runtime.adaptive.plan_batch``; ``tests/test_goodput_loop.py`` checks they agree).
+The candidates are multiples of K between the initial batch and the cap. Valuing a split the runtime
+cannot train made the controller restart a gang to gain goodput that the gang, restarted, could not
+have: the runtime reported the split it could train, and the next tick asked again.
 """
 
 from __future__ import annotations
@@ -97,6 +105,26 @@ def batch_limits(spec: JobSpec) -> tuple[int, int, int | None]:
     return m0, max(cap, m0), int(local) if local else None
 
 
+def runtime_plan(batch_size: np.ndarray, replicas: np.ndarray, logical_workers: int,
+                 max_local_bsz: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(per-GPU micro-batch, accumulation steps) the runtime trains total batch ``batch_size`` (a
+    multiple of ``logical_workers``) with on ``replicas`` GPUs; arrays broadcast (module doc)."""
+    micro = np.asarray(batch_size, dtype=np.float64) / logical_workers
+    chunks = np.ceil(micro / max_local_bsz - 1e-9) if max_local_bsz else np.ones_like(micro)
+    local = np.ceil(micro / chunks - 1e-9)
+    per_gpu = np.ceil(logical_workers / np.asarray(replicas, dtype=np.float64) - 1e-9)
+    accum = per_gpu * chunks - 1
+    return np.broadcast_to(local, accum.shape), accum
+
+
+def batch_candidates(init_batch_size: int, max_batch_size: int, logical_workers: int, count: int = 40) -> np.ndarray:
+    """Multiples of ``logical_workers`` from the initial batch to the cap, spaced geometrically."""
+    k = logical_workers
+    hi = max(init_batch_size, (max_batch_size // k) * k)
+    grid = np.round(np.geomspace(init_batch_size, hi, count) / k) * k
+    return np.unique(np.clip(np.concatenate([[init_batch_size, hi], grid]), init_batch_size, hi))
+
+
 class GoodputScaling:
     """Speedup of an allocation = goodput at its batch configuration / goodput of one GPU at M0.
 
@@ -106,8 +134,9 @@ class GoodputScaling:
 
     def __init__(self, model: ThroughputModel, *, init_batch_size: int, max_batch_size: int,
                  max_local_bsz: int | None = None, grad: tuple[float, float] | None = None,
-                 adaptive: bool = False) -> None:
+                 adaptive: bool = False, logical_workers: int | None = None) -> None:
         self.model = model
+        self.logical_workers = logical_workers
         self.init_batch_size = int(init_batch_size)
         self.max_batch_size = max(int(max_batch_size), self.init_batch_size)
         self.max_local_bsz = max_local_bsz
@@ -127,6 +156,9 @@ class GoodputScaling:
     def _fixed(self, n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Throughput (examples/s) at the initial batch split over ``k`` GPUs: (goodput, local, accum)."""
         m0 = float(self.init_batch_size)
+        if self.logical_workers:
+            local, accum = runtime_plan(np.full_like(k, m0), k, self.logical_workers, self.max_local_bsz)
+            return m0 / np.asarray(self.model.step_time(n, k, local, accum), dtype=np.float64), local, accum
         hi = float(self.max_local_bsz) if self.max_local_bsz else math.inf
         accum = np.maximum(np.ceil(m0 / (k * hi) - 1e-9) - 1, 0) if math.isfinite(hi) else np.zeros_like(k)
         local = m0 / (k * (accum + 1))
@@ -139,7 +171,9 @@ class GoodputScaling:
         size = max(upto + 1, 2 * len(hit[1]) if hit else 17)
         k = np.arange(1, size, dtype=np.float64)
         n = np.ceil(k / per_node)
-        if self.fn is not None:
+        if self.fn is not None and self.logical_workers:
+            good, batches = self._runtime_best(n, k)
+        elif self.fn is not None:
             c = self.fn.optimize(n, k, max_batch_size=self.max_batch_size, max_local_bsz=self.max_local_bsz)
             good = np.asarray(c.goodput, dtype=np.float64)
             batches = [BatchConfig(int(b), int(m), int(s)) if g > 0 else None
@@ -152,6 +186,20 @@ class GoodputScaling:
         table = (np.concatenate([[0.0], speedups]), [None, *batches])
         self._tables[per_node] = table
         return table
+
+    def _runtime_best(self, n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, list[BatchConfig | None]]:
+        """The best goodput of each allocation over the batches the runtime can train (module doc)."""
+        assert self.fn is not None and self.logical_workers
+        b = batch_candidates(self.init_batch_size, self.max_batch_size, self.logical_workers)[:, None]
+        local, accum = runtime_plan(b, k[None, :], self.logical_workers, self.max_local_bsz)
+        step_s = np.asarray(self.model.step_time(n[None, :], k[None, :], local, accum), dtype=np.float64)
+        good = b / step_s * np.asarray(self.fn.efficiency(b), dtype=np.float64)
+        good = np.where(np.isfinite(good) & (good > 0), good, 0.0)
+        best = np.argmax(good, axis=0)
+        cols = np.arange(k.size)
+        batches = [BatchConfig(int(b[i, 0]), int(local[i, j]), int(accum[i, j])) if good[i, j] > 0 else None
+                   for j, i in zip(cols, best)]
+        return good[best, cols], batches
 
     def speedup(self, workers: int, gpus_per_node: int = 1) -> float:
         if workers <= 0:
@@ -170,8 +218,11 @@ class GoodputScaling:
         if workers <= 0:
             return 0.0
         n = math.ceil(workers / max(1, gpus_per_node))
-        local = batch.batch_size / (workers * (batch.accum_steps + 1))
-        tput = float(self.model.throughput(n, workers, local, batch.accum_steps))
+        if self.logical_workers:  # the runtime's split: B examples a step, the busiest GPU's time
+            tput = batch.batch_size / float(self.model.step_time(n, workers, batch.local_bsz, batch.accum_steps))
+        else:
+            local = batch.batch_size / (workers * (batch.accum_steps + 1))
+            tput = float(self.model.throughput(n, workers, local, batch.accum_steps))
         g = grad if grad is not None else self.grad
         eff = 1.0
         if g is not None and g[0] > 0:

@@ -105,7 +105,25 @@ def test_a_job_that_scales_poorly_gets_fewer_gpus_than_one_that_scales_well(loop
     assert max(p[1:]) < min(g[1:] or g), (g, p)
 
 
+def runtime_best(fn, k: int, *, m0: int = 256, cap: int = 4096, logical: int = 8) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Brute force: the best goodput on ``k`` GPUs over every batch the runtime can train (each
+    multiple of the logical workers, split as ``runtime.adaptive.plan_batch`` splits it)."""
+    from runtime.adaptive import plan_batch
+
+    best = (0.0, 0)
+    for b in range(m0, cap + 1, logical):
+        plan = plan_batch(b, world_size=k, logical_workers=logical)
+        g = b / float(fn.model.step_time(k, k, plan.local_bsz, plan.accum_steps)) * float(fn.efficiency(b))
+        best = max(best, (g, b))
+    return best
+
+
 def test_both_train_at_the_batch_the_optimizer_picks(loop: tuple[World, Recording, str, str]) -> None:
+    """Every allocation's batch is the goodput optimizer's pick among the batches the runtime can
+    train (the split of K logical workers over the GPUs: ``runtime.adaptive.plan_batch``), within
+    1 % of a brute force over every such batch."""
+    from runtime.adaptive import plan_batch
+
     world, policy, good, poor = loop
     checked = {good: 0, poor: 0}
     for inp, allocs in policy.log:
@@ -115,9 +133,13 @@ def test_both_train_at_the_batch_the_optimizer_picks(loop: tuple[World, Recordin
             if not isinstance(v.scaling, GoodputScaling) or not a.placements:
                 continue
             k = sum(p.instances for p in a.placements)  # 1-GPU instances: nodes == replicas == k
-            assert v.scaling.fn is not None  # adaptive, with the reported gradient statistics
-            pick = v.scaling.fn.optimize(k, k, max_batch_size=4096)
-            assert a.batch == BatchConfig(int(pick.batch_size), int(pick.local_bsz), int(pick.accum_steps))
+            fn = v.scaling.fn
+            assert fn is not None and a.batch is not None  # adaptive, with the reported gradient statistics
+            plan = plan_batch(a.batch.batch_size, world_size=k, logical_workers=8)
+            assert (a.batch.local_bsz, a.batch.accum_steps) == (plan.local_bsz, plan.accum_steps)
+            got = a.batch.batch_size / float(fn.model.step_time(k, k, plan.local_bsz, plan.accum_steps))
+            got *= float(fn.efficiency(a.batch.batch_size))
+            assert got >= 0.99 * runtime_best(fn, k)[0], (k, a.batch)
             checked[a.job_id] += 1
     assert checked[good] > 0 and checked[poor] > 0
     with world.store.session() as s:
@@ -130,7 +152,7 @@ def test_both_train_at_the_batch_the_optimizer_picks(loop: tuple[World, Recordin
             assert events, f"no batch event for {job_id}"
             assert events[-1].startswith(f"batch {batch['batch_size']} ")
             # What the workers reported is what the last gang was told, row by row in the profile.
-            assert any(row["local_bsz"] * row["replicas"] * (row["accum_steps"] + 1) == batch["batch_size"]
+            assert any((row["local_bsz"], row["accum_steps"]) == (batch["local_bsz"], batch["accum_steps"])
                        for row in json.loads(job.profile_json))
     # The well-scaling job, on many GPUs, trains at a larger batch than the spec's: it is worth it.
     assert json.loads(_batch(world, good))["batch_size"] > 256
@@ -202,3 +224,39 @@ def test_malformed_reports_are_ignored_field_by_field() -> None:
         # One usable row is enough for a model.
         record_report(ctx, s, job, {"profile": [{"nodes": 1, "replicas": 1, "local_bsz": 256, "step_time_s": 1.0}]})
         assert isinstance(scaling_for(ctx, job, ctx.spec(job)), GoodputScaling)
+
+
+def test_the_controller_splits_a_batch_as_the_runtime_does() -> None:
+    """``autoscaler.scaling.runtime_plan`` is ``runtime.adaptive.plan_batch``'s arithmetic."""
+    import numpy as np
+
+    from autoscaler.scaling import runtime_plan
+    from runtime.adaptive import plan_batch
+
+    for logical in (1, 3, 4, 8):
+        for limit in (None, 2, 5, 64):
+            for b in range(logical, 40 * logical, logical):
+                for k in range(1, logical + 1):
+                    want = plan_batch(b, world_size=k, logical_workers=logical, max_local_bsz=limit)
+                    local, accum = runtime_plan(np.array([float(b)]), np.array([float(k)]), logical, limit)
+                    assert (int(local[0]), int(accum[0])) == (want.local_bsz, want.accum_steps), (logical, limit, b, k)
+
+
+@pytest.mark.parametrize("batch_policy", ["adaptive", "fixed"])
+def test_a_gang_at_the_picked_batch_is_not_rebatched_to_it(batch_policy: str) -> None:
+    """The gang reports the split the runtime trains (K logical workers over its GPUs); valued at
+    that split, it has exactly the goodput the policy expected of the pick, so no restart is asked
+    for a gain that restarting cannot bring (before: a 1-GPU gang at batch 64 of 8 logical workers,
+    reporting 8 per GPU x 8 micro-batches, was valued below the "64 per GPU" it was told, and the
+    controller asked again for "680 % more goodput")."""
+    from runtime.adaptive import plan_batch
+
+    s = GoodputScaling(GOOD, init_batch_size=256, max_batch_size=4096, grad=GOOD_GRAD,
+                       adaptive=batch_policy == "adaptive", logical_workers=8)
+    for k in range(1, 9):
+        pick = s.batch(k)
+        assert pick is not None
+        plan = plan_batch(pick.batch_size, world_size=k, logical_workers=8)
+        reported = BatchConfig(plan.batch_size, plan.local_bsz, plan.accum_steps)
+        assert reported == pick
+        assert s.speedup_at(k, 1, reported) == pytest.approx(s.speedup(k), rel=1e-9)

@@ -249,7 +249,8 @@ def scaling_for(ctx: Context, job: Job, spec: JobSpec) -> Scaling | None:
         m0, cap, local = batch_limits(spec)
         try:
             scaling = GoodputScaling(model, init_batch_size=m0, max_batch_size=cap, max_local_bsz=local,
-                                     grad=grad, adaptive=spec.training.batch_policy == "adaptive")
+                                     grad=grad, adaptive=spec.training.batch_policy == "adaptive",
+                                     logical_workers=spec.training.logical_workers)
         except ValueError:
             scaling = None  # a degenerate fit (no throughput on one GPU): the spec's scaling
     fits.jobs[job.job_id] = JobFit(key, profile, len(rows), ctx.now(), model, scaling)
