@@ -21,7 +21,7 @@ OWNER_GRACE_S = 60.0
 
 @click.command("run")
 @click.argument("spec_path", metavar="SPEC")
-@click.option("--scenario", "scenario_path", default=None, metavar="FILE", help="Script the local cloud (DESIGN.md).")
+@click.option("--scenario", "scenario_path", default=None, metavar="FILE", help="Script the local cloud (docs/formats.md: scenario files).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a spec field (value read as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON on the last line.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
