@@ -1,22 +1,23 @@
 """Baseline policies, implemented from their sources, for ``spotrain simulate`` and the benchmarks.
 
 All three run a fixed-size gang of ``workers.max`` GPUs and obey Can't Be Late's Polarization Rule
-for multi-instance jobs (Wu et al., NSDI'24, section 5.5): at any time the job holds either nothing or
-the whole gang, and the gang is homogeneous (all spot on one offering, or all on-demand). They are
-stateless: the state machine's state is read back from what the job holds.
+for multi-instance jobs (Wu et al., "Can't Be Late: Optimizing Spot Instance Savings under
+Deadlines", NSDI '24, section 5.5): at any time the job holds either nothing or the whole gang, and
+the gang is homogeneous (all spot on one offering, or all on-demand); "spot available" means an
+offering has room for the whole gang. With that mapping the single-instance rules apply unchanged.
 
 - ``on-demand``: the cheapest on-demand gang, always.
-- ``greedy-spot``: SkyPilot managed jobs (``sky jobs launch --use-spot``, the FAILOVER recovery
-  strategy): run on the cheapest spot offering with room, relaunch in the next one when preempted,
-  wait while none has room; plus Can't Be Late's greedy Safety Net: when idle and ``R(t) <= C(t) + 2d``,
-  switch to on-demand and stay there until the end.
-- ``uniform-progress``: Can't Be Late, section 5.2, rules as published:
-  1. Uniform Progress: when idle and cp(t) < ep(t), switch to on-demand and stay to catch up;
+- ``greedy-spot``: SkyPilot managed jobs (``sky jobs launch --use-spot``) with the default recovery
+  strategy EAGER_NEXT_REGION, plus Can't Be Late's greedy Safety Net; see ``GreedySpotPolicy``.
+- ``uniform-progress``: Can't Be Late, section 5.2.2, the rules as published:
+  1. Uniform Progress: when idle and cp(t) < ep(t), switch to on-demand and stay on it to catch up;
   2. Taking Risks: switch to spot whenever available; stay on it until preempted (Exploitation);
   3. Hysteresis: when on on-demand, stay on it until cp(t) >= ep(t + 2d);
   4. Safety Net: when idle and R(t) <= C(t) + 2d, switch to on-demand and stay until the end,
   with ep(t) = C(0) * (t - t0) / (deadline - t0) the expected progress and cp(t) the progress made.
-  With several spot offerings, "spot available" means any of them has room for the gang.
+  The state machine (the paper's Figure 10) leaves on-demand only for spot: once the hysteresis is
+  met and no spot has room, the job stays on on-demand (it does not go idle, which would pay a
+  changeover each time it falls behind again).
 
 ``d`` is the job's restart overhead; every rule's margin also includes one decision interval, the
 lag between a change and the next decision.
@@ -124,21 +125,74 @@ class _DeadlineBaseline(_GangBaseline):
 
 
 class GreedySpotPolicy(_DeadlineBaseline):
+    """SkyPilot managed jobs with ``--use-spot`` and the default recovery strategy, EAGER_NEXT_REGION
+    (skypilot-org/skypilot, ``sky/jobs/recovery_strategy.py``, ``EagerFailoverStrategyExecutor``,
+    registered ``default=True``), plus Can't Be Late's Safety Net (section 3.2's greedy policy).
+
+    - Launch: the cheapest spot offering with room for the gang (SkyPilot's optimizer by price; a
+      zone that refused capacity is skipped for ``CAPACITY_BACKOFF_S``, SkyPilot's failover).
+    - Running: stay on it until preempted; never move to a cheaper offering, never to on-demand.
+    - Preempted (the offering's preemption count grew since the launch): relaunch first in a region
+      other than the preempted one, cheapest first (``R1Z1 (preempted) -> R2 -> R3``); if no other
+      region has room, anywhere, the preempted region included (``-> R1Z2``); while nothing has room,
+      wait and retry (SkyPilot retries until up).
+    - SkyPilot itself knows no deadline. The Safety Net is the one addition: when idle and
+      ``R(t) <= C(t) + 2d`` switch to on-demand and stay until the end, so that the baseline is
+      comparable at zero misses (without it, it misses whenever spot is scarce near the deadline).
+
+    Deviation, kept for the policy to stay stateless across a controller restart: the other-region
+    preference holds for every relaunch decision until the job runs again (SkyPilot tries the other
+    regions once, then retries without the constraint); it only differs when, after a wait, the
+    preempted region and another one get room at the same decision. The memory of the last launch
+    is per job and submission and lost on a restart, which makes that relaunch a plain failover.
+    """
+
     name = "greedy-spot"
+
+    def __init__(self) -> None:
+        # Per (job, submission): the offering of the last spot launch and its preemption count then;
+        # the region a preemption was last seen in, until the job runs again.
+        self._launched: dict[tuple[str, float], tuple[str, int]] = {}
+        self._avoid: dict[tuple[str, float], tuple[str, str] | None] = {}
 
     def _one(self, job: JobView, inp: PolicyInput) -> Allocation:
         configs, od, cur = self._setup(job, inp)
+        mem = (job.job_id, job.submitted_s)
         if cur is not None and cur.market == SPOT:
+            if mem not in self._launched or self._launched[mem][0] != cur.offering.key:
+                self._launched[mem] = (cur.offering.key, _preemptions(inp, cur.offering.key))
+            self._avoid.pop(mem, None)
             return self._alloc(job, cur, "greedy: stay on spot until preempted")
         if cur is not None and cur.market == ON_DEMAND:
             return self._alloc(job, cur, "greedy: safety net, on-demand until the end")
         trip, trip_at = self._safety_net(job, inp, od)
         if trip:
             return self._alloc(job, od, "greedy: safety net")
-        spot = next((c for c in configs if c.market == SPOT), None)
-        if spot is not None:
-            return self._alloc(job, spot, "greedy: cheapest spot with room")
-        return self._alloc(job, None, "greedy: no spot room, waiting", wake=trip_at)
+        spots = [c for c in configs if c.market == SPOT]
+        if not spots:
+            return self._alloc(job, None, "greedy: no spot room, waiting", wake=trip_at)
+        pick, reason = spots[0], "greedy: cheapest spot with room"
+        last = self._launched.get(mem)
+        if last is not None and _preemptions(inp, last[0]) > last[1]:
+            self._avoid[mem] = _region(last[0], inp)
+        if mem in self._avoid:
+            elsewhere = [c for c in spots if (c.offering.cloud, c.offering.region) != self._avoid[mem]]
+            if elsewhere:
+                pick, reason = elsewhere[0], "greedy: preempted, relaunch in the next region"
+            else:
+                reason = "greedy: preempted, no other region has room, relaunch anywhere"
+        self._launched[mem] = (pick.offering.key, _preemptions(inp, pick.offering.key))
+        return self._alloc(job, pick, reason)
+
+
+def _preemptions(inp: PolicyInput, key: str) -> int:
+    h = inp.history.get(key)
+    return 0 if h is None else h.preemptions
+
+
+def _region(key: str, inp: PolicyInput) -> tuple[str, str] | None:
+    o = next((o for o in inp.offerings if o.key == key), None)
+    return None if o is None else (o.cloud, o.region)
 
 
 class UniformProgressPolicy(_DeadlineBaseline):
@@ -168,7 +222,9 @@ class UniformProgressPolicy(_DeadlineBaseline):
                 return self._alloc(job, cur, "UP: hysteresis", wake=inp.now_s + (target - cp) / gain)
             if spot is not None:
                 return self._alloc(job, spot, "UP: caught up, back to spot")
-            return self._alloc(job, None, "UP: caught up, idle", wake=self._idle_wake(job, inp, od, cp))
+            # No transition from on-demand to idle in the paper's state machine (Figure 10): with no
+            # spot to go to, the job stays on on-demand (and keeps getting ahead) until spot returns.
+            return self._alloc(job, cur, "UP: caught up, no spot, staying on on-demand")
         trip, trip_at = self._safety_net(job, inp, od)
         if trip:
             return self._alloc(job, od, "UP: safety net")
