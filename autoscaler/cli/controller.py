@@ -15,6 +15,8 @@ import sys
 
 import click
 
+from .tune import policy_params_option, read_policy_params
+
 
 @click.group("controller")
 def controller_command() -> None:
@@ -49,14 +51,17 @@ def _clouds(value: str) -> str:
 @click.option("--rendezvous-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
               help="torch.distributed port on each gang's first instance (--executor remote).")
 @click.option("--daemon", is_flag=True, help="Run in the background, logging to $SPOTRAIN_HOME/controller.log.")
+@policy_params_option
 def start(cloud: str, executor: str, host: str, port: int, tick_s: float, controller_id: str | None,
-          advertise_url: str | None, rendezvous_port: int, daemon: bool) -> None:
+          advertise_url: str | None, rendezvous_port: int, daemon: bool, policy_params: str | None) -> None:
     """Start the controller in the foreground (or with --daemon in the background); it serves until
     SIGTERM/SIGINT (``spotrain controller stop``)."""
+    params = read_policy_params(policy_params)  # checked before a daemon starts: the error is seen here
     if daemon:
         args = ["--cloud", cloud, "--executor", executor, "--host", host, "--port", str(port), "--tick", repr(tick_s),
                 "--rendezvous-port", str(rendezvous_port), *(["--id", controller_id] if controller_id else []),
-                *(["--advertise-url", advertise_url] if advertise_url else [])]
+                *(["--advertise-url", advertise_url] if advertise_url else []),
+                *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])]
         url, log = start_daemon(args)
         return click.echo(f"spotrain controller started in the background on {url} (log: {log}); "
                           "stop it with: spotrain controller stop")
@@ -68,6 +73,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     from ..errors import SpotrainError
     from ..home import controller_file, db_url, ensure_token, write_controller_info
     from ..policy import get_policy
+    from ..policy.spotrain import SpotrainPolicy
     from ..state import Store
 
     from ..logs import install_controller_log
@@ -102,7 +108,8 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"{cloud}: {exc}") from None
 
     _fail_fast(cloud, setup)
-    ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
+    ctl = Controller(store=store, provider=setup.provider, executor=setup.executor,
+                     policy=get_policy() if params is None else SpotrainPolicy(params),
                      controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)
     try:
         ctl.start()  # reconciles with the cloud first (recovery)

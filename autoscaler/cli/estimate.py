@@ -21,6 +21,7 @@ from ..simulator import make_sim_job
 from ..spec import load_spec
 from .params import NON_NEGATIVE, SEED, STARTS
 from .simulate import load_trace, random_starts, run_many
+from .tune import policy_params_option, read_policy_params
 
 
 @click.command("estimate")
@@ -33,16 +34,18 @@ from .simulate import load_trace, random_starts, run_many
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True)
+@policy_params_option
 def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_hours: float | None,
             checkpoint_seconds: float | None, restore_seconds: float | None, seed: int,
-            overrides: tuple[str, ...], as_json: bool) -> None:
+            overrides: tuple[str, ...], as_json: bool, policy_params: str | None) -> None:
     """Predict the cost and finish time of SPEC (median and 10-90 % range) with the spotrain policy."""
+    params = read_policy_params(policy_params)
     spec, _ = load_spec(spec_path, overrides=overrides)
     trace = load_trace(trace_path)
     job = make_sim_job(spec, spec_dir=Path(spec_path).resolve().parent,
                        restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
                        checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
-    results = run_many(trace, job, "spotrain", random_starts(trace, job, runs, seed))
+    results = run_many(trace, job, "spotrain", random_starts(trace, job, runs, seed), params=params)
     done = [r for r in results if r.state == "SUCCEEDED"]
     # Cost over the runs that finished (a run stopped by its budget spends less and says nothing of
     # what finishing costs); the share that did not finish is reported beside it.

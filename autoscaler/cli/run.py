@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from .tune import policy_params_option, read_policy_params
+
 OWNER_FILE = "owner.json"
 # A run whose owner file is missing (written right after its cloud starts) counts as abandoned only
 # once its job is this old: a run starting at the same moment is not mistaken for a dead one.
@@ -28,20 +30,25 @@ OWNER_GRACE_S = 60.0
 @click.option("--detach", is_flag=True,
               help="Submit to the controller service (started in the background on the local cloud if none runs) "
                    "and return; follow with spotrain attach JOB.")
+@policy_params_option
 def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str, ...], as_json: bool, quiet: bool,
-                detach: bool) -> None:
+                detach: bool, policy_params: str | None) -> None:
     """Run SPEC to completion and print a summary: on the started controller when one runs (or, with
     --detach, on one started in the background), else on an embedded controller and the local cloud."""
     from ..errors import SpecError
     from ..spec import load_spec
     from .follow import service_client
 
+    params = read_policy_params(policy_params)
     spec, workdir = load_spec(spec_path, overrides=overrides)
     client = service_client() if scenario_path is None else None
+    if params is not None and client is not None:
+        raise SpecError(f"--policy-params sets the policy of the controller this command starts, but the controller at {client.url} "
+                        "runs its own: start it with `spotrain controller start --policy-params FILE`")
     if detach:
         if scenario_path:
             raise SpecError("--scenario scripts the embedded local cloud of `spotrain run`; it cannot be used with --detach")
-        client = client or _start_local_service()
+        client = client or _start_local_service(policy_params)
         job = client.submit(spec.to_dict(), str(workdir))
         if as_json:
             from . import render
@@ -55,15 +62,16 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
     if client is not None:
         _run_on_service(client, spec, workdir, out, as_json=as_json, quiet=quiet)
     else:
-        _run_embedded(spec, workdir, scenario_path, out, as_json=as_json, quiet=quiet)
+        _run_embedded(spec, workdir, scenario_path, out, as_json=as_json, quiet=quiet, params=params)
 
 
-def _start_local_service() -> Any:
+def _start_local_service(policy_params: str | None = None) -> Any:
     """A controller service on the local cloud, started in the background for ``--detach``."""
     from ..client import Client
     from .controller import start_daemon
 
-    url, log = start_daemon(["--cloud", "local", "--port", "0"])
+    url, log = start_daemon(["--cloud", "local", "--port", "0",
+                             *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])])
     click.echo(f"spotrain: started a controller in the background on {url} (log: {log}; "
                "stop it with: spotrain controller stop)", err=True)
     return Client(url)
@@ -92,7 +100,8 @@ def _run_on_service(client: Any, spec: Any, workdir: Path, out: Any, *, as_json:
     _report(final, out, as_json)
 
 
-def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any, *, as_json: bool, quiet: bool) -> None:
+def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any, *, as_json: bool, quiet: bool,
+                  params: Any = None) -> None:
     from ..home import db_url
     from ..state import Store
     from .follow import Follower, LocalSource, follow
@@ -101,7 +110,7 @@ def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any,
     scenario = _load_scenario(scenario_path)
     store = Store(db_url())
     reap_abandoned_runs(store)
-    ctl, setup = _embedded_controller(store, scenario)
+    ctl, setup = _embedded_controller(store, scenario, params)
     from ..home import localcloud_dir
     from ..logs import install_controller_log
 
@@ -192,18 +201,21 @@ def _load_scenario(scenario_path: str | None) -> Any:
         raise SpecError(str(exc)) from None
 
 
-def _embedded_controller(store: Any, scenario: Any) -> tuple[Any, Any]:
-    """A fresh local cloud (its owner file written) and a controller over it; neither started."""
+def _embedded_controller(store: Any, scenario: Any, params: Any = None) -> tuple[Any, Any]:
+    """A fresh local cloud (its owner file written) and a controller over it (the spotrain policy with
+    ``params`` when given); neither started."""
     from ..clouds import local_cloud
     from ..controller import Controller
     from ..home import localcloud_dir
     from ..policy import get_policy
+    from ..policy.spotrain import SpotrainPolicy
 
     cloud_id = f"run-{uuid.uuid4().hex[:8]}"
     setup = local_cloud(cloud_id, scenario=scenario)
     write_owner(localcloud_dir(cloud_id))
     ctl = Controller(
-        store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
+        store=store, provider=setup.provider, executor=setup.executor,
+        policy=get_policy() if params is None else SpotrainPolicy(params),
         controller_id=cloud_id, tick_s=0.25, clock_rate=setup.clock_rate,
     )
     return ctl, setup

@@ -13,14 +13,18 @@ from cloud_providers.local.market import MarketTrace, TraceError
 from ..errors import SpecError
 from ..policy import get_policy
 from ..policy.base import eligible_offerings
+from ..policy.params import PolicyParams
+from ..policy.spotrain import SpotrainPolicy
 from ..simulator import POLICIES, Simulation, make_sim_job
 from ..simulator.jobs import run_controller
 from ..simulator.jobs import restart_overhead_from_measurements
 from ..simulator.omniscient import PlanTooLarge
+from ..simulator.world import run_job
 from ..simulator.workload import DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
 from ..simulator.engine import SimJob, SimResult
 from ..spec import load_spec
 from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat
+from .tune import policy_params_option, read_policy_params
 
 
 def load_trace(path: str | None) -> MarketTrace:
@@ -38,14 +42,19 @@ def random_starts(trace: MarketTrace, job: SimJob, n: int, seed: int) -> list[fl
     return [float(x) for x in rng.uniform(0.0, hi, n)] if hi > 0 else [0.0] * n
 
 
-def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], *, min_billed_s: float = 0.0) -> list[SimResult]:
-    """Each start through the controller itself on a virtual clock (``simulator.world``)."""
+def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], *, min_billed_s: float = 0.0,
+             params: PolicyParams | None = None) -> list[SimResult]:
+    """Each start through the controller itself on a virtual clock (``simulator.world``); ``params``
+    (``--policy-params``) for the spotrain policy's, else the defaults."""
     if not eligible_offerings(job.spec, trace.offerings_at(0.0)):
         r = job.spec.resources
         raise SpecError(f"trace error: no offering in the trace matches the job's resources (accelerators "
                         f"{', '.join(map(str, r.accelerators))}; clouds {', '.join(r.clouds)})")
     sim = Simulation(trace, job.spec)
     try:
+        if params is not None:
+            return [run_job(trace, job, SpotrainPolicy(params), s, grid_s=sim.grid_s, watch_keys=sim.keys, market_watch=sim.watch,
+                            min_billed_s=min_billed_s) for s in starts]
         return [run_controller(sim, job, policy, s, min_billed_s=min_billed_s) for s in starts]
     except PlanTooLarge as exc:
         raise SpecError(str(exc)) from None
@@ -69,10 +78,14 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], 
               help="The least the cloud bills a launch (EC2: 60); the controller's budget check counts it.")
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per run).")
+@policy_params_option
 def command(trace_path: str | None, job_path: str | None, workload_path: str | None, deadline_factor: float, policy: str, start_hours: float, starts: int | None,
             restart_overhead_hours: float | None, checkpoint_seconds: float | None, restore_seconds: float | None,
-            seed: int, min_billed_seconds: float, overrides: tuple[str, ...], as_json: bool) -> None:
+            seed: int, min_billed_seconds: float, overrides: tuple[str, ...], as_json: bool, policy_params: str | None) -> None:
     """Replay a market trace with a policy in virtual time and report cost, finish time, deadline and preemptions."""
+    if policy_params is not None and policy != "spotrain":
+        raise click.UsageError("--policy-params sets the spotrain policy's parameters; it needs --policy spotrain")
+    params = read_policy_params(policy_params)
     if (job_path is None) == (workload_path is None):
         raise click.UsageError("give exactly one of --job SPEC and --workload CSV")
     if start_hours < 0:
@@ -81,7 +94,7 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
     if workload_path is not None:
         if starts is not None or overrides:
             raise click.UsageError("--starts and --set apply to --job, not to --workload")
-        _workload(trace, workload_path, policy, start_hours, restart_overhead_hours, checkpoint_seconds, restore_seconds, deadline_factor, as_json)
+        _workload(trace, workload_path, policy, start_hours, restart_overhead_hours, checkpoint_seconds, restore_seconds, deadline_factor, as_json, params=params)
         return
     assert job_path is not None
     spec, _ = load_spec(job_path, overrides=overrides)
@@ -92,7 +105,7 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
                        restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
                        checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
     times = random_starts(trace, job, starts, seed) if starts else [start_hours * 3600.0]
-    for r in run_many(trace, job, policy, times, min_billed_s=min_billed_seconds):
+    for r in run_many(trace, job, policy, times, min_billed_s=min_billed_seconds, params=params):
         if as_json:
             click.echo(json.dumps(r.to_json(), sort_keys=True))
         else:
@@ -103,7 +116,8 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
 
 
 def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, overhead_hours: float | None,
-              checkpoint_seconds: float | None, restore_seconds: float | None, deadline_factor: float, as_json: bool) -> None:
+              checkpoint_seconds: float | None, restore_seconds: float | None, deadline_factor: float, as_json: bool,
+              params: PolicyParams | None = None) -> None:
     if policy == "omniscient":
         raise click.UsageError("--policy omniscient is defined for one fixed-size job, not for a workload")
     if deadline_factor != 0 and not 1 < deadline_factor <= 1000:
@@ -114,7 +128,7 @@ def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, ov
         raise SpecError(f"workload error: {exc}") from None
     d = overhead_hours * 3600 if overhead_hours is not None else restart_overhead_from_measurements(checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
     try:
-        out = simulate_workload(trace, jobs, get_policy(policy), start_s=start_hours * 3600.0, restart_overhead_s=d,
+        out = simulate_workload(trace, jobs, SpotrainPolicy(params) if params else get_policy(policy), start_s=start_hours * 3600.0, restart_overhead_s=d,
                                 deadline_factor=None if deadline_factor == 0 else deadline_factor)
     except WorkloadError as exc:
         raise SpecError(f"workload error: {exc}") from None

@@ -7,7 +7,13 @@ reads them from one place: ``SpotrainPolicy(params)`` passes them down to every 
 
 ``PolicyParams.from_mapping`` / ``to_dict`` are the JSON edge: unknown names, wrong types and values out
 of range raise ``ValueError`` with one line naming the field. Construction validates too, so an
-invalid object cannot exist.
+invalid object cannot exist. ``load_params_file`` / ``save_params_file`` are the file edge (what
+``spotrain tune --out`` writes and ``--policy-params FILE`` reads): a JSON or YAML mapping of names to
+numbers, names left out keeping their defaults.
+
+``TUNING_RANGES`` (below the dataclass) is the search space ``spotrain tune`` samples: for each field
+the range a tuner may try, narrower than the field's validity range (a knob worth trying, not every
+value the policy accepts), or ``None`` for a field that states a fact rather than a trade-off.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .jobmath import CAPACITY_BACKOFF_S, DEFAULT_RESTART_OVERHEAD_S
@@ -126,3 +133,82 @@ def _check(f: dataclasses.Field[Any], value: object) -> None:
 
 
 DEFAULT_PARAMS = PolicyParams()
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A tuner's range for one field: ``[lo, hi]``, sampled on a log scale when ``log``."""
+
+    lo: float
+    hi: float
+    log: bool = False
+
+
+# What ``spotrain tune`` searches, one entry per field of ``PolicyParams`` (tests check the keys match
+# and each range holds the default and lies within the field's validity range). ``None``: held at the
+# default, because the field is a fact or a tolerance, not a trade-off a market could move:
+# ``short_notice_s`` is the provider's notice below which a checkpoint may not be saved (GCP: 30 s),
+# ``default_restart_overhead_s`` is replaced by the job's measured (or simulated) overhead, and
+# ``slack_tolerance_s`` absorbs float rounding.
+TUNING_RANGES: dict[str, Range | None] = {
+    "spot_candidates": Range(1, 8),
+    "od_candidates": Range(1, 4),
+    "horizon_s": Range(3600.0, 2 * 86400.0, log=True),
+    "faster_tolerance": Range(0.0, 0.5),
+    "short_notice_s": None,
+    "default_restart_overhead_s": None,
+    "capacity_backoff_s": Range(60.0, 3600.0, log=True),
+    "safety_net_restarts": Range(1.0, 4.0),
+    "slack_tolerance_s": None,
+    "wait_premium": Range(0.0, 0.5),
+    "outage_margin": Range(0.5, 8.0),
+    "established_run_h": Range(0.0, 12.0),
+    "od_release_cycles": Range(0.0, 6.0),
+    "switch_margin": Range(0.5, 12.0),
+    "switch_cushion_cycles": Range(0.0, 12.0),
+    "big_switch_margin": Range(2.0, 30.0),
+    "big_cushion_cycles": Range(0.0, 6.0),
+}
+
+
+def load_params_file(path: str | Path) -> PolicyParams:
+    """Parameters from a JSON or YAML file (``.yaml``/``.yml`` read as YAML, anything else as JSON).
+    Raises ``ValueError`` with one line naming the file and, for a bad value, the field."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ValueError(f"policy parameters file {p}: {exc.strerror or exc}") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text)
+        else:
+            import json
+
+            values = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is the file's: one line
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"policy parameters file {p}: not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'} ({first})") from None
+    try:
+        return PolicyParams.from_mapping(values if values is not None else {})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"policy parameters file {p}: {exc}") from None
+
+
+def save_params_file(params: PolicyParams, path: str | Path) -> Path:
+    """Write every parameter to ``path`` (YAML for ``.yaml``/``.yml``, else JSON); what
+    ``load_params_file`` reads back to an equal object."""
+    p = Path(path)
+    values = params.to_dict()
+    if p.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        text = yaml.safe_dump(values, sort_keys=False)
+    else:
+        import json
+
+        text = json.dumps(values, indent=2) + "\n"
+    p.write_text(text)
+    return p
