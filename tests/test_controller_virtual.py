@@ -364,6 +364,20 @@ def test_lifecycle_table() -> None:
         check_transition("j", "NOT_A_STATE", JobState.RUNNING)
 
 
+def test_a_gang_is_never_smaller_than_workers_min() -> None:
+    """A two-worker job (workers 2..2) loses one spot instance to a preemption and the zone has
+    room for one spot only: it must fill the gang again (on-demand here), never train on the one
+    instance it still holds (the policy once offered "keep what is held" below workers.min)."""
+    tr = trace(aws_a(0, 2), aws_a(3600, 1))
+    s = spec(workers=(2, 2))
+    w, j = run_one(tr, s, policy=get_policy())
+    assert w.outcome(j).state == "SUCCEEDED"
+    sizes = [int(r.split(": ", 1)[1].split(" ", 1)[0]) for _, kind, to, r in w.events(j)
+             if kind == "state" and to == "RUNNING" and r.startswith("attempt ")]
+    assert len(sizes) >= 2 and set(sizes) == {2}, sizes
+    assert w.outcome(j).preemptions >= 1
+
+
 # ----- budget guard -----
 
 def _tick_watcher(w: World, job_id: str, budget: float) -> list[tuple[float, float, float]]:

@@ -8,6 +8,7 @@ replacements launch at once, overlapping its notice window.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
@@ -23,6 +24,8 @@ from .gangs import start_gang, tell_gang_to_stop
 from .goodput import rebatch_reason
 from .launches import end_job, launch, release
 
+log = logging.getLogger("spotrain.controller")
+
 _USABLE = (InstanceState.RUNNING.value, InstanceState.PENDING.value)
 
 
@@ -36,6 +39,18 @@ def match(job: Job, alloc: Allocation, usable: list[InstanceRow]) -> tuple[list[
         keep.extend(have[: p.instances])
         missing.extend([(p.offering_key, p.market)] * max(0, p.instances - len(have)))
     return keep, missing
+
+
+def _gang_allowed(ctx: Context, job: Job, alloc: Allocation, by_key: Mapping[str, Offering]) -> bool:
+    """A gang of the allocation's GPUs is one the spec allows (``workers.min..max``): whatever a
+    policy asks, workers never start fewer than the job needs (after a preemption the job holds fewer
+    until the policy fills the gang again)."""
+    gpus = sum(p.instances * by_key[p.offering_key].gpus for p in alloc.placements if p.offering_key in by_key)
+    w = ctx.spec(job).workers
+    if w.min <= gpus <= w.max:
+        return True
+    log.warning("job %s: not starting a gang of %d GPU(s) outside workers %d..%d", job.job_id, gpus, w.min, w.max)
+    return False
 
 
 def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping[str, Offering]) -> None:
@@ -63,7 +78,7 @@ def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping
     launch(ctx, s, job, missing, by_key)
     ready = [r for r in ctx.store.instances(s, job.job_id, alive_only=True) if r.state == InstanceState.RUNNING.value]
     want = sum(p.instances for p in alloc.placements)
-    if len(ready) >= want and want > 0:
+    if len(ready) >= want and want > 0 and _gang_allowed(ctx, job, alloc, by_key):
         start_gang(ctx, s, job, ready[:want], alloc.batch)
     elif job.state == JobState.PENDING.value:
         ctx.transition(s, job, JobState.PROVISIONING, f"provisioning {alloc.reason}")

@@ -189,7 +189,9 @@ def candidate_placements(ctx: PlanContext, shared: dict[tuple[object, ...], obje
     job, usable, params = ctx.job, ctx.usable, ctx.params
     nmax, nmin = job.spec.workers.max, job.spec.workers.min
     raw: list[tuple[tuple[Placement, ...], str]] = []
-    if ctx.cur and all(k in ctx.by_key for (k, _) in ctx.held):
+    if ctx.cur and all(k in ctx.by_key for (k, _) in ctx.held) and nmin <= _gpus(ctx, ctx.cur) <= nmax:
+        # What the job holds, if it is still a gang the spec allows: after a preemption it can be
+        # fewer than workers.min GPUs, which must be filled again, never trained on.
         raw.append((ctx.cur, "keep"))
     sizes = sorted({nmax, nmin, sum(h.instances * h.gpus_per_instance for h in job.held) or nmax}
                    | goodput_sizes(ctx.scaling, nmin, nmax))
@@ -225,6 +227,10 @@ def candidate_placements(ctx: PlanContext, shared: dict[tuple[object, ...], obje
             seen.add(pl)
             out.append((pl, kind))
     return out
+
+
+def _gpus(ctx: PlanContext, placements: tuple[Placement, ...]) -> int:
+    return sum(p.instances * ctx.by_key[p.offering_key].gpus for p in placements)
 
 
 def _fills(
