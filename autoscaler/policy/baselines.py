@@ -140,11 +140,13 @@ class GreedySpotPolicy(_DeadlineBaseline):
       ``R(t) <= C(t) + 2d`` switch to on-demand and stay until the end, so that the baseline is
       comparable at zero misses (without it, it misses whenever spot is scarce near the deadline).
 
-    Deviation, kept for the policy to stay stateless across a controller restart: the other-region
-    preference holds for every relaunch decision until the job runs again (SkyPilot tries the other
-    regions once, then retries without the constraint); it only differs when, after a wait, the
-    preempted region and another one get room at the same decision. The memory of the last launch
-    is per job and submission and lost on a restart, which makes that relaunch a plain failover.
+    The policy remembers, per job and submission, its last spot launch and that offering's
+    preemption count then (``PolicyInput.history``, the controller's instance history), which is how
+    it tells a preemption from a launch still under way. Deviation, so that repeated decisions while
+    the job is down agree: the other-region preference holds for every relaunch decision until the
+    job runs again (SkyPilot tries the other regions once, then retries without the constraint); the
+    two differ only when, after a wait, the preempted region and another get room at the same
+    decision. The memory is lost when the controller restarts: that relaunch is a plain failover.
     """
 
     name = "greedy-spot"
