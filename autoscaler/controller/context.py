@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from sqlalchemy.orm import Session
 
@@ -45,6 +45,52 @@ class Timings:
     max_stalled_restarts: int = 5
     # The notice deadline given to workers when the cloud announced a preemption.
     preemption_notice_s: float = 2.0
+
+
+class SpotHistory:
+    """The market history's spot totals (``Store.spot_history``), the finished part summed once.
+
+    A settled job (ended, no alive instance, no pending launch) has instance rows that do not change
+    again, so its totals are added to ``settled`` once: the first call sums every settled job, each
+    later call only the jobs that settled since (watched before, settled now), plus the unsettled
+    jobs' rows. A tick's cost follows the live jobs, not every job ever submitted (issue 14, finding
+    5). ``saw`` registers the jobs a tick found live, so one that ends before the next call is not
+    missed. A settled job found unsettled again (an instance the cloud kept alive after its release
+    got a notice) makes the next call sum every settled job again: never counted twice."""
+
+    def __init__(self) -> None:
+        self.settled: dict[str, tuple[float, int]] | None = None
+        self.settled_ids: set[str] = set()
+        self.watched: set[str] = set()
+
+    def saw(self, job_ids: Iterable[str]) -> None:
+        self.watched.update(job_ids)
+
+    def totals(self, store: Store, s: Session, controller_id: str) -> list[tuple[str, float, int]]:
+        unsettled = store.unsettled_jobs(s, controller_id)
+        if self.settled is None or unsettled & self.settled_ids:
+            self.settled = {}
+            self._add(self.settled, store.spot_history(s, controller_id, exclude=unsettled))
+            self.settled_ids = store.job_ids(s, controller_id) - unsettled
+        elif self.watched - unsettled:
+            done = self.watched - unsettled
+            self._add(self.settled, store.spot_history(s, controller_id, jobs=done))
+            self.settled_ids |= done
+        self.watched = set(unsettled)
+        out = dict(self.settled)
+        if unsettled:
+            self._add(out, store.spot_history(s, controller_id, jobs=unsettled))
+        return [(k, held, pre) for k, (held, pre) in sorted(out.items())]
+
+    @staticmethod
+    def _add(into: dict[str, tuple[float, int]], totals: Iterable[tuple[str, float, int]]) -> None:
+        for k, held, pre in totals:
+            h0, p0 = into.get(k, (0.0, 0))
+            into[k] = (h0 + held, p0 + pre)
+
+
+# Parsed specs held by ``Context.spec`` (jobs ended by ``forget`` leave at once; this bounds the rest).
+SPEC_CACHE_MAX = 4096
 
 
 def gpus_of(offering_key: str) -> int:
@@ -93,6 +139,8 @@ class Context:
     next_wake_s: float | None = None
     # The goodput model fitted for each job from its reports (``goodput.scaling_for``).
     goodput: Fits = dataclasses.field(default_factory=Fits)
+    # The market history's spot totals, finished jobs summed once (issue 14, finding 5).
+    spot_history: SpotHistory = dataclasses.field(default_factory=SpotHistory)
     _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
 
     def now(self) -> float:
@@ -105,11 +153,14 @@ class Context:
         Store.note(s, job, kind, reason, ts=self.clock.now())
 
     def spec(self, job: Job) -> JobSpec:
-        """The job's validated spec, parsed once per stored text (not on every tick)."""
+        """The job's validated spec, parsed once per stored text (not on every tick: issue 14, finding 5)."""
         hit = self._specs.get(job.job_id)
         if hit is not None and hit[0] == job.spec_json:
             return hit[1]
         spec = spec_from_dict(json.loads(job.spec_json))
+        self._specs.pop(job.job_id, None)
+        while len(self._specs) >= SPEC_CACHE_MAX:  # bounded: the oldest parsed go first
+            self._specs.pop(next(iter(self._specs)))
         self._specs[job.job_id] = (job.spec_json, spec)
         return spec
 

@@ -157,6 +157,7 @@ def tick(ctx: Context, *, contain: bool = True) -> None:
         # The sweep runs with no live job too: a launch call that raised may still have created an
         # instance for a job that has ended since (cancelled, over budget); it must not bill on.
         sweep(ctx, s)
+        ctx.spot_history.saw(j.job_id for j in jobs)
         ctx.next_wake_s = None
         if not jobs:
             return
@@ -169,7 +170,7 @@ def tick(ctx: Context, *, contain: bool = True) -> None:
         if not views:
             return
         inp = PolicyInput(now_s=now_s, jobs=views, offerings=offerings,
-                          history=ctx.market.merge(accounting.history_from_totals(ctx.store.spot_history(s, ctx.controller_id))),
+                          history=ctx.market.merge(accounting.history_from_totals(ctx.spot_history.totals(ctx.store, s, ctx.controller_id))),
                           decision_interval_s=ctx.tick_s * ctx.clock_rate)
         allocations = {a.job_id: a for a in ctx.policy.decide(inp)}
         wakes = [a.next_decision_s for a in allocations.values() if a.next_decision_s is not None]

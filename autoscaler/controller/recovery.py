@@ -99,7 +99,13 @@ def sweep(ctx: Context, s: Session) -> None:
     if not pending and ctx.ticks % ctx.timings.sweep_every_ticks:
         return
     cloud = list(ctx.provider.list_instances({TAG_CONTROLLER: ctx.controller_id}))
-    jobs = {j.job_id: j for j in ctx.store.jobs(s, controller_id=ctx.controller_id)}
+    # Live jobs and those with a pending decision: an instance of any other job is an orphan whether
+    # or not its job is loaded, so the sweep never loads every job ever submitted (issue 14, finding 5).
+    jobs = {j.job_id: j for j in ctx.store.jobs(s, controller_id=ctx.controller_id, live_only=True)}
+    for d in pending:
+        job = s.get(Job, d.job_id)
+        if job is not None:
+            jobs.setdefault(job.job_id, job)
     resolve_pending_decisions(ctx, s, jobs, cloud, why="after a failed launch call", grace_s=ctx.timings.decision_grace_s)
     adopt_or_terminate_unknown(ctx, s, jobs, cloud)
 

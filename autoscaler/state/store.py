@@ -5,17 +5,17 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from sqlalchemy import Table, case, create_engine, event, func, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloud_providers.base import SPOT
+from cloud_providers.base import SPOT, InstanceState
 
-from ..domain import check_transition
-from .models import TERMINAL, Base, Event, InstanceRow, Job, JobState
+from ..domain import LIVE, check_transition
+from .models import TERMINAL, Base, Decision, Event, InstanceRow, Job, JobState
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -91,8 +91,27 @@ class Database:
             s.close()
 
 
+_LIVE_STATES = sorted(s.value for s in LIVE)
+_ALIVE_INSTANCE_STATES = sorted(s.value for s in InstanceState if s is not InstanceState.TERMINATED)
+
+# Indexes the tick's queries need beyond the models' own. ``create_all`` creates indexes only with a
+# new table, so a database written by an older spotrain gets these here (issue 14, finding 5: the
+# tick's queries touch live jobs and alive instances only, not every job ever submitted).
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS ix_jobs_controller_state ON jobs (controller_id, state)",
+    "CREATE INDEX IF NOT EXISTS ix_decisions_status ON decisions (status)",
+)
+
+
 class Store(Database):
     """The controller's state: jobs, instances, decisions, events."""
+
+    def __init__(self, url: str, *, tables: list[Table] | None = None) -> None:
+        super().__init__(url, tables=tables)
+        if tables is None:
+            with self.engine.begin() as conn:
+                for ddl in _INDEXES:
+                    conn.execute(text(ddl))
 
     # ----- queries -----
     def job(self, s: Session, ref: str) -> Job | None:
@@ -107,8 +126,11 @@ class Store(Database):
         if controller_id is not None:
             q = q.where(Job.controller_id == controller_id)
         if live_only:
-            q = q.where(Job.state.not_in([t.value for t in TERMINAL]))
+            q = q.where(Job.state.in_(_LIVE_STATES))  # IN, not NOT IN: the index finds the few live jobs
         return list(s.scalars(q))
+
+    def job_ids(self, s: Session, controller_id: str) -> set[str]:
+        return set(s.scalars(select(Job.job_id).where(Job.controller_id == controller_id)))
 
     def live_job_named(self, s: Session, name: str) -> Job | None:
         return s.scalars(
@@ -121,16 +143,35 @@ class Store(Database):
             q = q.where(InstanceRow.state != "terminated")
         return list(s.scalars(q))
 
-    def spot_history(self, s: Session, controller_id: str) -> list[tuple[str, float, int]]:
-        """``(offering_key, spot seconds billed, preemptions)`` over every spot instance this
-        controller's jobs ever had, summed by the database: a controller with 10,000 finished jobs
-        does not load their rows every tick (issue 14, finding 5)."""
+    def spot_history(self, s: Session, controller_id: str, *, jobs: Collection[str] | None = None,
+                     exclude: Collection[str] = ()) -> list[tuple[str, float, int]]:
+        """``(offering_key, spot seconds billed, preemptions)`` over the spot instances this
+        controller's jobs had (only those of ``jobs`` when given, less those of ``exclude``), summed by
+        the database: a controller with 10,000 finished jobs does not load their rows every tick
+        (issue 14, finding 5; ``controller.context.SpotHistory`` sums finished jobs once)."""
         interrupted = func.sum(case((func.coalesce(InstanceRow.interruption, "") != "", 1), else_=0))
         q = (select(InstanceRow.offering_key, func.sum(InstanceRow.billed_seconds), interrupted)
              .join(Job, Job.job_id == InstanceRow.job_id)
              .where(Job.controller_id == controller_id, InstanceRow.market == SPOT)
              .group_by(InstanceRow.offering_key).order_by(InstanceRow.offering_key))
+        if jobs is not None:
+            q = q.where(InstanceRow.job_id.in_(sorted(jobs)))
+        if exclude:
+            q = q.where(InstanceRow.job_id.not_in(sorted(exclude)))
         return [(k, float(held or 0.0), int(pre or 0)) for k, held, pre in s.execute(q)]
+
+    def unsettled_jobs(self, s: Session, controller_id: str) -> set[str]:
+        """This controller's jobs whose instances may still change: live ones, and ended ones that
+        still have an alive instance or a pending launch decision. Each part is found by an index,
+        so the cost follows these jobs, not the finished ones."""
+        held = set(s.scalars(select(InstanceRow.job_id).where(InstanceRow.state.in_(_ALIVE_INSTANCE_STATES)).union(
+            select(Decision.job_id).where(Decision.status == "pending"))))
+        # The few held jobs are looked up by id (joined on the controller, SQLite would walk every
+        # job of the controller instead).
+        q = select(Job.job_id).where(Job.controller_id == controller_id, Job.state.in_(_LIVE_STATES))
+        if held:
+            q = q.union(select(Job.job_id).where(Job.job_id.in_(sorted(held)), Job.controller_id == controller_id))
+        return set(s.scalars(q))
 
     def events(self, s: Session, job_id: str) -> list[Event]:
         return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)))
