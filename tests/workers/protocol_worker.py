@@ -40,6 +40,9 @@ def report(extra=None):
     os.replace(tmp, progress)
 
 
+# Steps keep a steady pace (step k of this process ends k * step_s after it began training), so a
+# loaded machine's file writes do not stretch the run: tests compare its market time with a model.
+began, first = time.monotonic(), step
 while step < steps:
     if notice.exists() and not ignore_notice:
         if rank == 0:
@@ -49,7 +52,7 @@ while step < steps:
     if step == fail_at:
         print(f"rank {rank}: simulated user bug at step {step}", flush=True)
         sys.exit(fail_code)
-    time.sleep(step_s)
+    time.sleep(max(0.0, began + (step - first + 1) * step_s - time.monotonic()))
     step += 1
     if rank == 0:
         state.write_text(str(step))
