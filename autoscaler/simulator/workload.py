@@ -20,6 +20,17 @@ The workload runs through one controller on a virtual clock (``world.World``): t
 local cloud's market (spot room per offering; when room shrinks the newest instances are preempted
 first), and the policy decides for all live jobs at once, as it does in the service. Deadlines are optional: ``deadline_factor`` F gives
 each job F times its time on the fastest on-demand gang of its size.
+
+Co-adaptation (issue 11, docs/goodput.md "workload replay"): with ``batch_policy`` ``fixed`` or
+``adaptive`` each job is elastic (1 to ``num_replicas`` GPUs) and its simulated workers train at the
+truth - the model's Pollux throughput model and a constant gradient noise scale (``NOISE_SCALE``) - and
+report profile rows and gradient statistics as the runtime does; the controller starts from a linear
+prior and learns the job's goodput from those reports only. Both modes start at the user's batch ``M``;
+``fixed`` keeps it, ``adaptive`` lets the controller pick the batch for each allocation, from ``M`` up to
+the model's largest validated batch (``MAX_BATCH_SIZE``). Both reach the same target, ``P``
+scale-invariant iterations at the model's ``M0``: ``P x M0 / (M x E(M)) x T_step(1 GPU, M)`` reference
+GPU-seconds (one GPU at ``M``), ``E(M) = (B + M0) / (B + M)``, so a user batch above ``M0`` costs its
+statistical efficiency in both modes alike, under the same deadline.
 """
 
 from __future__ import annotations
@@ -34,12 +45,14 @@ from typing import Any
 
 from cloud_providers.base import Offering
 from cloud_providers.local.market import MarketTrace
-from cost_models.scaling import ProfileScaling, pollux_model
+from cost_models.scaling import LinearScaling, ProfileScaling, pollux_model
+from sqlalchemy import select
 
 from ..errors import SpecError
 from ..policy.base import Policy
 from ..policy.jobmath import gang_rate
 from ..spec import JobSpec, spec_from_dict
+from ..state import InstanceRow
 from .executor import SimWorkload
 from .world import JobOutcome, World
 
@@ -49,6 +62,16 @@ APPLICATION_PROFILE = {"cifar10": "cifar10", "bert": "bert", "imagenet": "imagen
 # (initial batch M0, scale-invariant iterations to the validation target): the last row of Pollux's
 # ``<model>/validation-<M0>.csv`` (shared/data/pollux-profiles; cifar10's is in cost_models/data/pollux).
 TARGET_PROGRESS = {"cifar10": (128, 39063.0), "bert": (12, 14774.0), "imagenet": (200, 576526.0), "ncf": (256, 194174.0)}
+
+
+# The gradient noise scale B = grad_var / grad_sqr x M0 of each profile: the median over the rows of
+# ``<model>/validation-<M0>.csv`` (shared/data/pollux-profiles; B grows as training goes on: cifar10
+# 72 -> 38,658, imagenet 928 -> 15,149, ncf 18,565 -> 59 million, bert 423 and 1,124). Constant in a run.
+NOISE_SCALE = {"cifar10": 4890.0, "bert": 774.0, "imagenet": 11388.0, "ncf": 12988628.0}
+# The largest total batch Pollux validated per model (its largest ``validation-<M>.csv``): the
+# adaptive cap (or the user's batch, if larger).
+MAX_BATCH_SIZE = {"cifar10": 4096, "bert": 384, "imagenet": 12800, "ncf": 32768}
+BATCH_POLICIES = ("fixed", "adaptive")
 
 
 # Pollux's jobs are short (most under a GPU-hour): a deadline of a few times the on-demand run time
@@ -118,22 +141,48 @@ def work_gpu_seconds(application: str) -> float:
     return progress * pollux_model(profile).step_time(1, 1, m0) * WORK_SCALE.get(application, 1.0)
 
 
-def workload_spec(job: WorkloadJob, offerings: Sequence[Offering], work_s: float, deadline_s: float | None) -> JobSpec:
+def noise_scale(application: str) -> float:
+    return NOISE_SCALE[APPLICATION_PROFILE[application]]
+
+
+def adaptive_work_gpu_seconds(application: str, batch_size: int) -> float:
+    """Reference GPU-seconds to the validation target for a job training at ``batch_size`` (one GPU
+    at that batch, statistical efficiency 1 at it: the unit of a profiled ``SimWorkload``)."""
+    profile = APPLICATION_PROFILE[application]
+    m0, progress = TARGET_PROGRESS[profile]
+    b = noise_scale(application)
+    eff = (b + m0) / (b + batch_size)
+    steps = progress * m0 / (batch_size * eff)
+    return steps * float(pollux_model(profile).step_time(1, 1, batch_size)) * WORK_SCALE.get(application, 1.0)
+
+
+def workload_spec(job: WorkloadJob, offerings: Sequence[Offering], work_s: float, deadline_s: float | None,
+                  batch_policy: str | None = None) -> JobSpec:
+    """The job's spec: a fixed gang of its replicas (no ``batch_policy``), or elastic from 1 GPU to
+    them with ``batch_policy`` fixed or adaptive."""
     accs = sorted({f"{o.accelerator}:{o.gpus}" for o in offerings if job.replicas % o.gpus == 0})
+    cap = max(MAX_BATCH_SIZE[job.profile], job.batch_size) if batch_policy else max(4096, job.batch_size)
     d: dict[str, Any] = {
         "name": "w-" + (re.sub(r"[^a-z0-9]+", "-", job.name.lower()).strip("-")[:40] or "job"),
         "run": "simulated",
         "resources": {"accelerators": accs, "clouds": sorted({o.cloud for o in offerings})},
-        "workers": {"min": job.replicas, "max": job.replicas},
+        "workers": {"min": 1 if batch_policy else job.replicas, "max": job.replicas},
         "training": {"logical_workers": job.replicas, # The spec wants a batch divisible by the workers; the simulated
                      # scaling (``ProfileScaling``) uses the workload's batch as is.
-                     "global_batch_size": max(job.replicas, job.batch_size - job.batch_size % job.replicas),
-                     "max_batch_size": max(4096, job.batch_size)},
+                     "global_batch_size": _spec_batch(job), "max_batch_size": cap},
         "simulate": {"work_gpu_hours": work_s / 3600.0},
     }
+    if batch_policy:
+        d["training"]["batch_policy"] = batch_policy
     if deadline_s is not None:
         d["objective"] = {"deadline": f"{max(1, int(math.ceil(deadline_s)))}s"}
     return spec_from_dict(d)
+
+
+def _spec_batch(job: WorkloadJob) -> int:
+    """The spec's batch: the user's, as a multiple of the logical workers (in both modes: starting
+    adaptive jobs at the model's ``M0`` instead was tried, docs/goodput.md "workload replay")."""
+    return max(job.replicas, job.batch_size - job.batch_size % job.replicas)
 
 
 @dataclasses.dataclass
@@ -145,40 +194,78 @@ class _Run:
     job_id: str = ""
 
 
-def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
-                      restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
-                      max_s: float = 14 * 86400.0) -> dict[str, Any]:
-    """Replay ``jobs`` (submit times relative to ``start_s`` on the trace) through one controller on a
-    virtual clock (``World``) and return the summary and one record per job (cost, JCT, deadline).
-    The jobs share the market as they would the cloud: the local cloud's spot room per offering."""
+def _sim_workload(j: WorkloadJob, restart_overhead_s: float, interval_s: float, batch_policy: str | None) -> SimWorkload:
+    """What the job's simulated workers do. Profiled (``batch_policy`` set): the true model and
+    gradient statistics at the spec's batch (grad_var normalised to it: B = grad_var / grad_sqr x M),
+    and a linear prior for the controller, which learns the rest from the reports."""
+    if batch_policy is None:
+        return SimWorkload(work_s=work_gpu_seconds(j.application), scaling=ProfileScaling(pollux_model(j.profile), j.batch_size),
+                           restart_overhead_s=restart_overhead_s, checkpoint_interval_s=interval_s)
+    m = _spec_batch(j)
+    return SimWorkload(work_s=adaptive_work_gpu_seconds(j.application, m), scaling=LinearScaling(),
+                       restart_overhead_s=restart_overhead_s, checkpoint_interval_s=interval_s,
+                       profile=pollux_model(j.profile), grad_stats=(1.0, noise_scale(j.application) / m))
+
+
+def workload_world(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
+                   restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
+                   batch_policy: str | None = None) -> tuple[World, list[_Run]]:
+    """The world and the jobs' runs, before any arrival (``simulate_workload`` runs them)."""
     if deadline_factor is not None and deadline_factor <= 1.0:
         raise ValueError("deadline_factor must be > 1 (or None for no deadlines)")
+    if batch_policy is not None and batch_policy not in BATCH_POLICIES:
+        raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)} (or None)")
     offers0 = trace.offerings_at(start_s)
     runs: list[_Run] = []
     for j in jobs:
         scaling = ProfileScaling(pollux_model(j.profile), j.batch_size)
-        work = work_gpu_seconds(j.application)
         fits = [o for o in offers0 if j.replicas % o.gpus == 0]
         if not fits:
             raise WorkloadError(f"job {j.name}: no offering in the trace fits {j.replicas} replicas")
         # The deadline's unit: the run time on the on-demand gang cheapest per unit of work (what the
         # on-demand baseline runs), so that running on demand always meets it.
         od = min(fits, key=lambda o: o.on_demand_price_usd_per_hour / gang_rate(scaling, ((o, j.replicas // o.gpus),)))
-        base_s = work / gang_rate(scaling, ((od, j.replicas // od.gpus),)) + restart_overhead_s
+        sim = _sim_workload(j, restart_overhead_s, 600.0, batch_policy)
+        base_s = sim.work_s / gang_rate(scaling, ((od, j.replicas // od.gpus),)) + restart_overhead_s
         deadline = None if deadline_factor is None else deadline_factor * base_s
         try:
-            spec = workload_spec(j, fits, work, deadline)
+            spec = workload_spec(j, fits, sim.work_s, deadline, batch_policy)
         except SpecError as exc:
             raise WorkloadError(f"job {j.name}: {str(exc).removeprefix('spec error: ')}") from None
-        sim = SimWorkload(work_s=work, scaling=scaling, restart_overhead_s=restart_overhead_s,
-                          checkpoint_interval_s=spec.checkpoint.interval_s)
+        sim = dataclasses.replace(sim, checkpoint_interval_s=spec.checkpoint.interval_s)
         runs.append(_Run(j, spec, sim, deadline))
-    world = World(trace, policy, start_s=start_s)
+    return World(trace, policy, start_s=start_s), runs
+
+
+def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
+                      restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
+                      max_s: float = 14 * 86400.0, batch_policy: str | None = None) -> dict[str, Any]:
+    """Replay ``jobs`` (submit times relative to ``start_s`` on the trace) through one controller on a
+    virtual clock (``World``) and return the summary and one record per job (cost, JCT, deadline,
+    GPU-hours, batch events). The jobs share the market as they would the cloud: the local cloud's
+    spot room per offering. ``batch_policy``: see the module doc (None: fixed gangs, unprofiled)."""
+    world, runs = workload_world(trace, jobs, policy, start_s=start_s, restart_overhead_s=restart_overhead_s,
+                                 deadline_factor=deadline_factor, batch_policy=batch_policy)
     ids = world.run(horizon_s=start_s + max_s,
                     arrivals=[(start_s + r.job.submit_s, r.spec, r.workload) for r in runs])
-    outcomes = {k: world.outcome(v) for k, v in ids.items()}
-    return _summary(runs, [outcomes.get(str(k)) for k in range(len(runs))], start_s,
-                    getattr(policy, "name", type(policy).__name__))
+    for k, v in ids.items():
+        runs[int(k)].job_id = v
+    outcomes = [world.outcome(ids[str(k)]) if str(k) in ids else None for k in range(len(runs))]
+    out = _summary(runs, outcomes, start_s, getattr(policy, "name", type(policy).__name__))
+    _add_gpu_hours(world, runs, out)
+    out["batch_policy"] = batch_policy
+    return out
+
+
+def _add_gpu_hours(world: World, runs: Sequence[_Run], out: dict[str, Any]) -> None:
+    """Billed GPU-hours and batch events per job, and their totals."""
+    with world.store.session() as s:
+        for r, rec in zip(runs, out["per_job"]):
+            rows = s.scalars(select(InstanceRow).where(InstanceRow.job_id == r.job_id)) if r.job_id else []
+            rec["gpu_hours"] = round(sum(x.billed_seconds * x.gpus for x in rows) / 3600.0, 4)
+            rec["batch_events"] = sum(1 for e in world.events(r.job_id) if e[1] == "batch") if r.job_id else 0
+    out["gpu_hours"] = round(sum(j["gpu_hours"] for j in out["per_job"]), 4)
+    out["batch_events"] = sum(j["batch_events"] for j in out["per_job"])
 
 
 def _summary(runs: Sequence[_Run], outcomes: Sequence[JobOutcome | None], start_s: float, policy: str) -> dict[str, Any]:
