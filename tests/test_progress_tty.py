@@ -22,7 +22,7 @@ from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def wait_step(home: Path, name: str, step: int, timeout_s: float = 30) -> None:
+def wait_step(home: Path, name: str, step: int, timeout_s: float = 90) -> None:
     """Until job ``name`` reports ``step`` (read from the database, as ``spotrain status`` does offline)."""
     from autoscaler.home import db_url
     from autoscaler.state import Store

@@ -26,7 +26,14 @@ ignore_notice = os.environ.get("PW_IGNORE_NOTICE") == "1"
 notice = Path(os.environ["SPOTRAIN_NOTICE_FILE"])
 progress = Path(os.environ["SPOTRAIN_PROGRESS_FILE"])
 state = ckpt / "step.txt"
-step = int(state.read_text()) if state.exists() else 0
+step = int(state.read_text() or 0) if state.exists() else 0
+
+
+def save_step():
+    """Rank 0 records the step atomically: another rank may be reading it as it starts."""
+    tmp = state.with_suffix(".tmp")
+    tmp.write_text(str(step))
+    os.replace(tmp, state)
 
 
 def report(extra=None):
@@ -46,7 +53,7 @@ began, first = time.monotonic(), step
 while step < steps:
     if notice.exists() and not ignore_notice:
         if rank == 0:
-            state.write_text(str(step))
+            save_step()
         report()
         sys.exit(85)
     if step == fail_at:
@@ -55,7 +62,7 @@ while step < steps:
     time.sleep(max(0.0, began + (step - first + 1) * step_s - time.monotonic()))
     step += 1
     if rank == 0:
-        state.write_text(str(step))
+        save_step()
     report()
 if rank == 0:
     final = Path(uri.removeprefix("file://")) / "final"
