@@ -9,7 +9,8 @@ the middle of a tick, and started again each time. On top of that:
   ``SPOTRAIN_FAULT_CRASH_AFTER_LAUNCH=1``, so that controller dies right after ``RunInstances``
   returned and before it recorded the instance: the window a random kill almost never hits, and the
   one recovery must get right (adopt by tag, never launch that decision again);
-- one spot interruption is delivered to a running instance (notice, then termination);
+- one spot interruption is delivered to the instance of a training job (notice, then termination);
+  if none was counted by the time the jobs are done, one more job is submitted to take it;
 - one orphan is planted: an instance tagged with this controller for a job its database does not
   know, which the next start must terminate.
 
@@ -32,6 +33,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -136,6 +138,19 @@ def submit(name: str, tmp_path: Path, proc: subprocess.Popen[bytes]) -> str | No
     return None
 
 
+def interrupt_training(jobs: list[dict[str, Any]], controller_id: str) -> threading.Thread | None:
+    """Deliver a spot interruption (notice, then termination, in the background) to the instance of
+    the job that is training furthest from its end; None if no job is training now."""
+    training = [j for j in jobs if j["state"] == "RUNNING" and j["workers"] and (j.get("step") or 0) > 0]
+    if not training:
+        return None
+    instance_id = str(min(training, key=lambda j: j["step"])["workers"][0]["instance_id"])
+    running = {i["InstanceId"] for i in all_instances(controller_id) if i["State"]["Name"] == "running"}
+    if instance_id not in running:  # released or replaced since the status was read
+        return None
+    return deliver_spot_interruption(instance_id, notice_s=2.0, background=True)
+
+
 def all_jobs() -> list[dict[str, Any]]:
     r = run_cli("status", "--json")
     assert r.returncode == 0, r.stderr
@@ -178,7 +193,8 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
         kills = fault_crashes = 0
         job_ids: list[str] = []
         orphan: str | None = None
-        interrupted: str | None = None
+        interruptions: list[threading.Thread] = []  # each delivers one, named after its instance
+        extra: str | None = None  # a job submitted at the end only to be interrupted (see below)
         proc: subprocess.Popen[bytes] | None = None
         try:
             while kills < KILLS:
@@ -196,15 +212,10 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
                         kill_at = time.time() + rng.uniform(0.1, 3.0)
                 if kills >= ORPHAN_AT_KILL and orphan is None:
                     orphan = plant_orphan(controller_id)
-                if kills >= INTERRUPT_AT_KILL and interrupted is None:
-                    running = sorted(
-                        (i for i in all_instances(controller_id)
-                         if i["State"]["Name"] == "running" and i["InstanceId"] != orphan),
-                        key=lambda i: i["LaunchTime"],
-                    )
-                    if running:
-                        interrupted = running[-1]["InstanceId"]
-                        deliver_spot_interruption(interrupted, notice_s=2.0, background=True)
+                if kills >= INTERRUPT_AT_KILL and not interruptions and not fault and runner.wait_ready(proc):
+                    thread = interrupt_training(all_jobs(), controller_id)
+                    if thread is not None:
+                        interruptions.append(thread)
                 while time.time() < kill_at and proc.poll() is None:
                     time.sleep(0.02)
                 if proc.poll() is not None:
@@ -216,23 +227,30 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
                 proc.wait()
                 kills += 1
 
-            # Let a last controller, without faults, finish the work.
+            # Let a last controller, without faults, finish the work. If the kills' interruption was
+            # not counted (on a loaded machine it can reach an instance whose job had not started
+            # training, or one released since), interrupt a training job under this controller; if
+            # every job finished first, submit one more job for it, so the test never depends on timing.
             proc = runner.spawn(fault=False)
             assert runner.wait_ready(proc)
-            deadline = time.time() + 120
-            jobs = all_jobs()
-            again: str | None = None
-            while any(j["state"] not in TERMINAL for j in jobs) and time.time() < deadline:
-                if again is None and not any(j["preemptions"] for j in jobs) and any(j["state"] == "RUNNING" for j in jobs):
-                    # The kills' interruption was not counted (on a loaded machine it can reach an
-                    # instance whose job had not started training): interrupt again, under this controller.
-                    running = [i for i in all_instances(controller_id) if i["State"]["Name"] == "running"
-                               and i["InstanceId"] not in (orphan, interrupted)]
-                    if running:
-                        again = running[-1]["InstanceId"]
-                        deliver_spot_interruption(again, notice_s=2.0, background=True)
-                time.sleep(0.5)
+            deadline = time.time() + 150
+            while time.time() < deadline:
                 jobs = all_jobs()
+                counted = sum(j["preemptions"] for j in jobs) > 0
+                live = any(j["state"] not in TERMINAL for j in jobs)
+                if not live and (counted or extra is not None):
+                    break
+                if not counted and not any(t.is_alive() for t in interruptions):
+                    if live:
+                        thread = interrupt_training(jobs, controller_id)
+                        if thread is not None:
+                            interruptions.append(thread)
+                    elif extra is None:
+                        extra = submit("chaos-extra", tmp_path, proc)
+                        assert extra is not None
+                        job_ids.append(extra)
+                time.sleep(0.5)
+            jobs = all_jobs()
         finally:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -244,12 +262,14 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
         wall_s = time.time() - began
 
         # Every job finished, with its final weights.
-        assert len(job_ids) == len(SUBMIT_AT_KILL)
+        assert len(job_ids) == len(SUBMIT_AT_KILL) + (extra is not None)
         assert {j["job_id"] for j in jobs} == set(job_ids)
         for job in jobs:
             assert job["state"] == "SUCCEEDED", job
             assert job["step"] == PW_STEPS and Path(job["final_model"].removeprefix("file://")).is_file(), job
-        assert interrupted is not None, "no running instance to interrupt"
+        assert interruptions, "no training job to interrupt"
+        for thread in interruptions:
+            thread.join(timeout=10)
         assert sum(j["preemptions"] for j in jobs) >= 1
 
         # No instance left running; no decision launched twice; the cloud matches the database.
@@ -274,8 +294,9 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
         ours = {tags_of(i)[TAG_DECISION]: i["InstanceId"] for i in instances if i["InstanceId"] != orphan}
         assert ours == launched, "every instance is a decision the database records as launched, and vice versa"
         assert orphan is not None and orphan not in still_up
-        taken = next(i for i in instances if i["InstanceId"] == interrupted)
-        assert taken["StateReason"]["Code"] == SPOT_TERMINATION, taken["StateReason"]
+        for thread in interruptions:
+            taken = next(i for i in instances if i["InstanceId"] == thread.name.removeprefix("spot-interruption-"))
+            assert taken["StateReason"]["Code"] == SPOT_TERMINATION, taken["StateReason"]
 
         # The crash window between RunInstances and recording it was hit, and recovered by adoption.
         log_text = (spotrain_home / "controller.log").read_text(errors="replace")
@@ -308,7 +329,7 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
         "adopted_unrecorded_launches": adopted_unrecorded,
         "orphans_terminated": sum(r["orphans_terminated"] for r in recoveries),
         "released_at_recovery": sum(r["released"] for r in recoveries),
-        "spot_interruptions": 1,
+        "spot_interruptions": len(interruptions),
         "preemptions": sum(j["preemptions"] for j in jobs),
         "instances_left_running": len(still_up),
         "decisions_launched_twice": len(twice),
