@@ -189,6 +189,7 @@ class ElasticTrainer:
         self.stopped = False
         self.stall_s_total = 0.0
         self._started = False
+        self._ended_early = False  # end_early(): the script's own stop rule (a target metric) held
         self._last_ckpt_time = time.monotonic()
         self._step_time_ema: float | None = None
         self._pending: ReduceResult | None = None
@@ -380,6 +381,8 @@ class ElasticTrainer:
 
     @property
     def done(self) -> bool:
+        if self._ended_early:
+            return True
         if self.adaptive:
             return self.iterations.iterations >= self.total_iterations - 1e-9
         if self.config.max_steps is not None and self.position.step >= self.config.max_steps:
@@ -587,6 +590,15 @@ class ElasticTrainer:
             tensors.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
         buffers = {b.untyped_storage().data_ptr() for b in self.model.buffers()}
         return {t.untyped_storage().data_ptr() for t in tensors if not t.is_cuda} - buffers
+
+    def end_early(self) -> None:
+        """End training at this step boundary, as if the schedule had run out: the loop stops before
+        the next step and ``finish()`` writes the final weights. For a stop rule of the script's own,
+        such as a target metric reached (Pollux's jobs train to a target, not a step count). Call it on
+        every rank at the same step, from state every rank shares (the replicas' weights are
+        identical, so each rank can evaluate the metric itself): a rank that trained on would wait
+        in a collective for peers that have left."""
+        self._ended_early = True
 
     def report(self, *, metric: float, metric_name: str) -> None:
         """Record the user's evaluation metric (checkpointed, and written to the progress file)."""

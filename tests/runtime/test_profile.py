@@ -186,3 +186,19 @@ def test_a_gang_without_a_directive_re_optimizes_at_fixed_steps(tmp_path: Path) 
     assert all((s - 1) % 20 == 0 for s in changes), changes  # only right after a re-optimization step
     assert seen[1] == 8 and len(set(seen.values())) >= 2  # noisy labels: a larger batch pays
     assert all(b % 2 == 0 and 8 <= b <= 128 for b in seen.values())
+
+
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+def test_end_early_stops_at_that_boundary_and_finish_writes_the_final_weights(tmp_path: Path, policy: str) -> None:
+    """A script's own stop rule (a target metric): the loop ends right after the step that called
+    end_early, and finish() treats the run as complete (exit 0, final weights), not as cut short."""
+    trainer = _trainer(tmp_path, logical_workers=2, steps=40, policy=policy)
+    seen = []
+    for step in trainer:
+        seen.append(step.step)
+        if step.step == 7:
+            trainer.end_early()
+    assert seen == list(range(1, 8)) and trainer.done
+    assert trainer.finish() == 0
+    prog = json.loads((tmp_path / "progress.json").read_text())
+    assert prog["completed"] is True and prog["step"] == 7 and prog["final_model"]
