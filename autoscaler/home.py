@@ -9,6 +9,12 @@ Layout (default ``~/.spotrain``)::
     checkpoints/<job_id>/  default checkpoint store (file://)
     localcloud/<id>/       the local cloud's own state (its "machines")
 
+``SPOTRAIN_FLEET_DIR`` (default: SPOTRAIN_HOME) moves what the controllers of one fleet share on one
+machine, ``logs/``, ``checkpoints/`` and ``localcloud/``, out of the home: two controllers with one
+``--id`` on one database (a leader and its standby, each with a SPOTRAIN_HOME of its own for its
+``controller.json``, log and token) then see one local cloud, one set of worker logs and one default
+checkpoint store.
+
 SPOTRAIN_HOME and every directory made in it are mode 0700 (a home found wider is narrowed), so the
 database, logs and checkpoints are the user's alone whatever mode a writer gives its files; the
 database (``state/store.py``) and the secrets are 0600 themselves (issue 14, finding 11).
@@ -33,6 +39,12 @@ def private_dir(p: Path) -> Path:
 
 def home() -> Path:
     return private_dir(Path(os.environ.get("SPOTRAIN_HOME") or Path.home() / ".spotrain").expanduser())
+
+
+def fleet_dir() -> Path:
+    """Where a fleet's shared logs, default checkpoint store and local clouds live (see the module doc)."""
+    shared = os.environ.get("SPOTRAIN_FLEET_DIR")
+    return private_dir(Path(shared).expanduser()) if shared else home()
 
 
 def db_url() -> str:
@@ -88,12 +100,12 @@ def read_controller_info() -> dict[str, object] | None:
 
 
 def logs_dir(job_id: str) -> Path:
-    return private_dir(private_dir(home() / "logs") / job_id)
+    return private_dir(private_dir(fleet_dir() / "logs") / job_id)
 
 
 def default_store() -> str:
-    return "file://" + str(private_dir(home() / "checkpoints"))
+    return "file://" + str(private_dir(fleet_dir() / "checkpoints"))
 
 
 def localcloud_dir(cloud_id: str) -> Path:
-    return private_dir(private_dir(home() / "localcloud") / cloud_id)
+    return private_dir(private_dir(fleet_dir() / "localcloud") / cloud_id)

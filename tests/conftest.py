@@ -35,3 +35,29 @@ def pw_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("PW_STEPS", "40")
     monkeypatch.setenv("PW_STEP_S", "0.05")
     yield
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    """A throwaway PostgreSQL server for the session (tests/pg_support.py); skips the tests that need
+    it when none can be started, but fails them under CI=true."""
+    from pg_support import PostgresUnavailable, missing, start_server
+
+    try:
+        server = start_server()
+    except PostgresUnavailable as exc:
+        reason = str(exc)
+        server = None
+    if server is None:
+        missing(reason)
+    try:
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@pytest.fixture()
+def postgres_url(postgres_server: object) -> str:
+    """The SQLAlchemy URL of a new, empty PostgreSQL database for this test."""
+    return postgres_server.fresh_database()  # type: ignore[attr-defined]

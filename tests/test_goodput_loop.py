@@ -260,3 +260,27 @@ def test_a_gang_at_the_picked_batch_is_not_rebatched_to_it(batch_policy: str) ->
         reported = BatchConfig(plan.batch_size, plan.local_bsz, plan.accum_steps)
         assert reported == pick
         assert s.speedup_at(k, 1, reported) == pytest.approx(s.speedup(k), rel=1e-9)
+
+
+def test_batch_and_learning_rate_changes_the_workers_report_are_events() -> None:
+    """A batch the gang moved to on its own is a ``batch`` event with its LR factor; a later move of
+    the factor alone (AdaScale's gain follows the noise estimates) is an ``lr`` event past 10 %."""
+    world = world_with(Recording())
+    ctx = world.controller.ctx
+    job_id = world.submit(spec("lr-events"), workload(None, None))
+    with world.store.session() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        job.gang_attempt = 1
+        for prog in ({"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": 3.1},
+                     {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": 3.3},   # +6 %: quiet
+                     {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": 3.9},   # +26 %: an event
+                     {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": float("inf")},
+                     {"batch_size": 2048, "local_bsz": 256, "accum_steps": 0}):
+            record_report(ctx, s, job, prog)
+    events = [(kind, reason) for _, kind, _, reason in world.events(job_id) if kind in ("batch", "lr")]
+    assert events == [
+        ("batch", "the workers changed to batch 1024 (128 per GPU), LR x3.10"),
+        ("lr", "learning-rate factor x3.10 -> x3.90 at batch 1024 (none)"),
+        ("batch", "the workers changed to batch 2048 (256 per GPU)"),
+    ], events

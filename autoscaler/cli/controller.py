@@ -13,6 +13,9 @@ import signal
 import socket
 import sys
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
 from .tune import policy_params_option, read_policy_params
@@ -50,16 +53,19 @@ def _clouds(value: str) -> str:
               help="URL the instance agents reach this controller on (--executor remote; default: the bound URL).")
 @click.option("--rendezvous-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
               help="torch.distributed port on each gang's first instance (--executor remote).")
+@click.option("--lease-ttl", "lease_ttl_s", type=click.FloatRange(min=1.0), default=10.0, show_default=True,
+              help="Seconds the fleet's leader lease lasts unrenewed: controllers with one --id on one database "
+                   "share it, one leads and the others stand by, taking over once it expires.")
 @click.option("--daemon", is_flag=True, help="Run in the background, logging to $SPOTRAIN_HOME/controller.log.")
 @policy_params_option
 def start(cloud: str, executor: str, host: str, port: int, tick_s: float, controller_id: str | None,
-          advertise_url: str | None, rendezvous_port: int, daemon: bool, policy_params: str | None) -> None:
+          advertise_url: str | None, rendezvous_port: int, lease_ttl_s: float, daemon: bool, policy_params: str | None) -> None:
     """Start the controller in the foreground (or with --daemon in the background); it serves until
     SIGTERM/SIGINT (``spotrain controller stop``)."""
     params = read_policy_params(policy_params)  # checked before a daemon starts: the error is seen here
     if daemon:
         args = ["--cloud", cloud, "--executor", executor, "--host", host, "--port", str(port), "--tick", repr(tick_s),
-                "--rendezvous-port", str(rendezvous_port), *(["--id", controller_id] if controller_id else []),
+                "--rendezvous-port", str(rendezvous_port), "--lease-ttl", repr(lease_ttl_s), *(["--id", controller_id] if controller_id else []),
                 *(["--advertise-url", advertise_url] if advertise_url else []),
                 *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])]
         url, log = start_daemon(args)
@@ -69,11 +75,8 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
 
     from ..api import create_app
     from ..clouds import make_cloud
-    from ..controller import Controller
     from ..errors import SpotrainError
     from ..home import controller_file, db_url, ensure_token, write_controller_info
-    from ..policy import get_policy
-    from ..policy.spotrain import SpotrainPolicy
     from ..state import Store
 
     from ..logs import install_controller_log
@@ -108,15 +111,14 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"{cloud}: {exc}") from None
 
     _fail_fast(cloud, setup)
-    ctl = Controller(store=store, provider=setup.provider, executor=setup.executor,
-                     policy=get_policy() if params is None else SpotrainPolicy(params),
-                     controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate)
+    ctl = _leased_controller(store, setup, params, cid, tick_s, url, lease_ttl_s,
+                             rebuild=(lambda: make_cloud(cloud, cloud_id=cid)) if executor == "local" else None)
     try:
         ctl.start()  # reconciles with the cloud first (recovery)
     except ProviderError as exc:
         raise SpotrainError(f"{cloud}: recovery could not reach the cloud: {exc}") from None
     write_controller_info(url, os.getpid())
-    click.echo(f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {store.url})", err=True)
+    _announce(ctl, f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {{db}})")
     server = uvicorn.Server(uvicorn.Config(create_app(ctl, token), log_level="warning", lifespan="off"))
 
     def stop(signum: int, _frame: object) -> None:
@@ -132,6 +134,39 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         except FileNotFoundError:
             pass
     sys.exit(0)
+
+
+def _leased_controller(store: Any, setup: Any, params: Any, cid: str, tick_s: float, url: str, lease_ttl_s: float, *,
+                       rebuild: Callable[[], Any] | None) -> Any:
+    """The controller, as a member of fleet ``cid`` (its leader lease, ``state/lease.py``): it leads, or
+    stands by and takes over once the lease expires. ``rebuild``: the cloud setup a takeover acts with
+    (the local cloud's state, read afresh), else the one it started with."""
+    from ..controller import Controller
+    from ..home import home
+    from ..policy import get_policy
+    from ..policy.spotrain import SpotrainPolicy
+    from ..state.lease import Holder, LeaderLease
+
+    def on_lead() -> tuple[Any, Any]:
+        fresh = rebuild() if rebuild is not None else setup
+        return fresh.provider, fresh.executor
+
+    lease = LeaderLease(store.engine, cid, Holder.here(str(home()), url), ttl_s=lease_ttl_s)
+    return Controller(store=store, provider=setup.provider, executor=setup.executor,
+                      policy=get_policy() if params is None else SpotrainPolicy(params),
+                      controller_id=cid, tick_s=tick_s, clock_rate=setup.clock_rate, lease=lease,
+                      on_lead=on_lead if rebuild is not None else None)
+
+
+def _announce(ctl: Any, line: str) -> None:
+    """Say on stderr what runs (``{db}`` in ``line``: the database's URL, without a password) and
+    whether it leads its fleet or stands by."""
+    click.echo(line.replace("{db}", ctl.store.engine.url.render_as_string(hide_password=True)), err=True)
+    lease = ctl.lease
+    if lease is not None and not ctl.leading():
+        click.echo(f"standby: fleet {ctl.controller_id} is led by {lease.leader.get('url') or 'another controller'}; "
+                   f"this one serves reads and takes over once that lease expires ({lease.ttl_s:g} s unrenewed)",
+                   err=True)
 
 
 def _fail_fast(cloud: str, setup: object) -> None:

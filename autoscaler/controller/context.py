@@ -142,6 +142,16 @@ class Context:
     # The market history's spot totals, finished jobs summed once (issue 14, finding 5).
     spot_history: SpotHistory = dataclasses.field(default_factory=SpotHistory)
     _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
+    # Whether this controller may act now: it holds its fleet's lease (always, without a lease). A
+    # launch asks right before it calls the cloud; an error while it does not is the lease's loss.
+    leading: Callable[[], bool] = lambda: True
+
+    def fresh(self) -> Context:
+        """The same collaborators, none of the in-memory state: what a controller taking over its
+        fleet's lease starts from (another controller acted meanwhile)."""
+        keep = ("store", "provider", "executor", "policy", "controller_id", "clock", "tick_s", "clock_rate",
+                "timings", "logs_dir", "scaling_of", "leading")
+        return Context(**{name: getattr(self, name) for name in keep})
 
     def now(self) -> float:
         return self.clock.now()

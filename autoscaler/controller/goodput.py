@@ -55,6 +55,10 @@ MAX_FITS_PER_TICK = 2
 REBATCH_GAIN = 0.05
 REBATCH_PAYBACK_RESTARTS = 3.0
 BATCH_EVENT = "batch"
+LR_EVENT = "lr"
+# A learning-rate factor the workers report (AdaScale's gain moves with the noise estimates) is an
+# event when it moved by more than this share since the last one noted, or with a batch change.
+LR_TOLERANCE = 0.10
 
 _Row = tuple[int, int, float, int, float, float | None]  # nodes, replicas, local_bsz, accum, step_s, sync_s
 
@@ -166,12 +170,28 @@ def record_report(ctx: Context, s: Session, job: Job, prog: Mapping[str, Any]) -
             _moved(job.grad_sqr, sqr, GRAD_TOLERANCE) or _moved(job.grad_var, var, GRAD_TOLERANCE)):
         job.grad_sqr, job.grad_var = sqr, var
     reported = _reported_batch(prog)
+    lr = _num(prog.get("lr_factor"), 1e-6, 1e6)
     if reported is not None and job.gang_attempt:
         current = batch_of(job)
         size = current.batch_size if current is not None else ctx.spec(job).training.global_batch_size
         if size != reported.batch_size:
-            ctx.note(s, job, BATCH_EVENT, f"the workers changed to {reported.describe()}")
-            job.batch_json = json.dumps(reported.to_json())
+            at_lr = f", LR x{lr:.2f}" if lr is not None else ""
+            ctx.note(s, job, BATCH_EVENT, f"the workers changed to {reported.describe()}{at_lr}")
+            job.batch_json = json.dumps({**reported.to_json(), **({"lr_factor": lr} if lr is not None else {})})
+        elif current is not None and lr is not None and _moved(_noted_lr(job), lr, LR_TOLERANCE):
+            was = _noted_lr(job)
+            ctx.note(s, job, LR_EVENT, f"learning-rate factor {f'x{was:.2f} -> ' if was is not None else ''}x{lr:.2f} "
+                                       f"at batch {size} ({ctx.spec(job).training.lr_scaling})")
+            job.batch_json = json.dumps({**current.to_json(), "lr_factor": lr})
+
+
+def _noted_lr(job: Job) -> float | None:
+    """The learning-rate factor last noted for the job's gang (kept beside its batch), if any."""
+    try:
+        value = json.loads(job.batch_json).get("lr_factor") if job.batch_json else None
+        return float(value) if isinstance(value, int | float) else None
+    except (ValueError, AttributeError):
+        return None
 
 
 def _reported_batch(prog: Mapping[str, Any]) -> BatchConfig | None:

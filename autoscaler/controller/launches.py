@@ -18,6 +18,7 @@ from cloud_providers.errors import CapacityUnavailable, InvalidRequest, Provider
 
 from .. import accounting
 from ..domain import JobState
+from ..errors import Conflict
 from ..state import Decision, InstanceRow, Job
 from .context import Context, gpus_of
 from .faults import maybe_crash_after_launch
@@ -35,6 +36,10 @@ def launch(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], b
         )
         s.add(decision)
         s.commit()  # write-ahead: the decision is durable before the cloud is asked
+        if not ctx.leading():
+            # The lease ran out since the commit (a paused leader): the decision stays pending for
+            # the new leader to settle, and this controller does not ask the cloud.
+            raise Conflict(f"controller {ctx.controller_id} lost its lease before launching {decision.decision_id}")
         tags = {TAG_JOB: job.job_id, TAG_CONTROLLER: ctx.controller_id, TAG_MARKET: market, TAG_DECISION: decision.decision_id}
         try:
             inst = ctx.provider.launch(LaunchRequest(offering=o, market=market, decision_id=decision.decision_id, tags=tags))

@@ -59,8 +59,8 @@ def _contained(ctx: Context, s: Session, job_id: str, part: str, fn: Callable[[]
     except ProviderError:
         raise
     except Exception as exc:
-        if not contain:
-            raise
+        if not contain or not ctx.leading():
+            raise  # not leading (any more): the lease was lost, which is no fault of this job's
         s.rollback()
         log.exception("reconcile: %s of job %s failed", part, job_id)
         _handling_failed(ctx, s, job_id, part, exc)

@@ -8,11 +8,12 @@ in the database and the provider, so a restarted controller carries on where a c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,15 @@ from cloud_providers.clock import WALL_CLOCK, Clock
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import Executor
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from ..domain import JobNameTaken, JobState, NotOwner
-from ..errors import JobNotFound
+from ..errors import Conflict, JobNotFound
 from ..home import default_store
 from ..policy import Policy
 from ..spec import JobSpec
 from ..state import Job, Store
+from ..state.lease import LeaderLease
 from . import reconcile
 from .context import Context, Timings
 from .launches import end_job
@@ -50,17 +54,28 @@ class Controller:
         clock: Clock = WALL_CLOCK,
         timings: Timings | None = None,
         strict: bool = False,
+        lease: LeaderLease | None = None,
+        on_lead: Callable[[], tuple[Provider, Executor]] | None = None,
     ) -> None:
         """``clock_rate``: provider-clock seconds per controller-clock second (the local cloud's time
         scale). ``clock``: where the controller reads time (virtual in the simulator). ``strict``: a
         tick that fails raises (the simulator: an error there is a bug to see, not a cloud hiccup to
-        ride out)."""
+        ride out). ``lease``: the fleet's leader lease (``state/lease.py``): the service ticks only
+        while it holds it and is a standby otherwise; None: it always leads. ``on_lead``: the provider
+        and executor to act with from a takeover on (rebuilt: a local cloud's state is read at start,
+        and the leader changed it since)."""
         self.ctx = Context(store=store, provider=provider, executor=executor, policy=policy, controller_id=controller_id,
                            clock=clock, tick_s=tick_s, clock_rate=clock_rate, timings=timings or Timings())
         self._lock = threading.RLock()
         self._scheduler: Any = None
         self.last_tick_error: str | None = None
         self.strict = strict
+        self.lease = lease
+        self._on_lead = on_lead
+        self._ready_epoch: int | None = None  # the lease epoch this controller recovered for
+        if lease is not None:
+            lease.install_fence(store._sessions)  # noqa: SLF001 - the store's own sessionmaker
+            self.ctx.leading = self.leading
 
     # Collaborators, for callers that inspect the controller (the API, tests).
     @property
@@ -97,20 +112,88 @@ class Controller:
             return recover(self.ctx)
 
     def start(self) -> None:
+        """Recover and tick on a schedule; with a lease, first try to take it (recovering at once if
+        taken) and then renew it, or wait as a standby, every ``lease.poll_s``."""
         from apscheduler.schedulers.background import BackgroundScheduler
 
-        self.recover()
+        if self.lease is None:
+            self.recover()
+        else:
+            self.lease_step(raise_errors=True)
         self._scheduler = BackgroundScheduler(daemon=True)
         self._scheduler.add_job(
             self.tick, "interval", seconds=self.ctx.tick_s, max_instances=1, coalesce=True, id="reconcile",
             misfire_grace_time=None,
         )
+        if self.lease is not None:
+            self._scheduler.add_job(self.lease_step, "interval", seconds=self.lease.poll_s, max_instances=1,
+                                    coalesce=True, id="lease", misfire_grace_time=None)
         self._scheduler.start()
 
     def shutdown(self) -> None:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
+        if self.lease is not None:
+            try:
+                self.lease.release()  # a standby takes over at once
+            except SQLAlchemyError as exc:
+                log.warning("lease: could not release it: %s", exc)
+
+    # ----- the fleet's lease (high availability) -----
+    def leading(self) -> bool:
+        """Whether this controller acts now: it holds the lease and recovered since it took it."""
+        lease = self.lease
+        return lease is None or (lease.held() and self._ready_epoch == lease.epoch)
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.leading() else "standby"
+
+    def lease_step(self, *, raise_errors: bool = False) -> None:
+        """Renew the lease, or try to take it (the scheduler's ``lease`` job, apart from the tick, so a
+        long tick or recovery does not let it lapse). ``raise_errors`` (at start): database errors,
+        and the cloud's errors of the recovery that follows a takeover at once, are the user's to see."""
+        lease = self.lease
+        if lease is None:
+            return
+        try:
+            outcome = lease.step()
+        except SQLAlchemyError as exc:
+            if raise_errors:
+                raise
+            log.warning("lease: the database did not answer: %s", " ".join(str(exc).split())[:300])
+            return
+        if outcome == "lost":
+            log.warning("lease: lost the lease of fleet %s; standing by", self.controller_id)
+        elif outcome == "standby" and raise_errors:
+            who = lease.leader.get("url") or lease.leader.get("host") or "another controller"
+            log.info("lease: standby of fleet %s, led by %s; taking over when its lease expires",
+                     self.controller_id, who)
+        if raise_errors and lease.epoch is not None and self._ready_epoch != lease.epoch:
+            # At start the provider and executor were just made; a later takeover rebuilds them.
+            self._take_over(raise_errors=True, rebuild=False)
+
+    def _take_over(self, *, raise_errors: bool, rebuild: bool) -> None:
+        lease = self.lease
+        assert lease is not None
+        epoch = lease.epoch
+        with self._lock:
+            if rebuild and self._on_lead is not None:
+                provider, executor = self._on_lead()
+                self.ctx.provider, self.ctx.executor = provider, executor
+            self.ctx = self.ctx.fresh()  # another controller acted since this one's memory was made
+            try:
+                with lease.fenced():
+                    counts = recover(self.ctx)
+            except (ProviderError, SQLAlchemyError, Conflict) as exc:
+                if raise_errors and not isinstance(exc, Conflict):
+                    raise
+                log.warning("lease: recovery after taking the lease failed (retried): %s", exc)
+                return
+            if lease.epoch == epoch:
+                self._ready_epoch = epoch
+                log.info("lease: leading fleet %s (epoch %s) after recovery %s", self.controller_id, epoch, counts)
 
     # ----- API operations -----
     def submit(self, spec: JobSpec, workdir: Path, *, scenario: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -141,7 +224,12 @@ class Controller:
             if own_only and live and job.controller_id != ctx.controller_id:
                 raise NotOwner(f"job {job.job_id} belongs to controller {job.controller_id}, not this one",
                                job_id=job.job_id, owner=job.controller_id)
-            if live:
+            if live and not self.leading():
+                # A standby releases nothing: it records the request, and the leader ends the job.
+                if not job.cancel_requested:
+                    job.cancel_requested = why
+                    ctx.note(s, job, "cancel-requested", f"{why} (at a standby; the leader ends the job)")
+            elif live:
                 end_job(ctx, s, job, to, why, why=why if to is JobState.FAILED else "job cancelled")
             return job_summary(job, ctx.store.instances(s, job.job_id), now=ctx.now()).to_json_dict()
 
@@ -163,11 +251,23 @@ class Controller:
 
     # ----- the reconcile loop -----
     def tick(self) -> None:
-        with self._lock:
+        lease = self.lease
+        if lease is not None and lease.held() and self._ready_epoch != lease.epoch:
+            self._take_over(raise_errors=False, rebuild=True)  # recovery first, here: the lease job renews
+        if not self.leading():
+            return  # a standby (or a leader whose lease ran out) does not act
+        with self._lock, self.lease.fenced() if self.lease is not None else contextlib.nullcontext():
             t0 = self.ctx.clock.now()
             try:
+                if self.lease is not None:
+                    self._cancel_requested()
                 reconcile.tick(self.ctx)
                 self.last_tick_error = None
+            except Conflict as exc:
+                if self.leading():
+                    raise
+                self.last_tick_error = f"lost the lease: {exc}"
+                log.warning("reconcile: %s", self.last_tick_error)
             except ProviderError as exc:
                 # A cloud hiccup must not kill the loop; the next tick retries.
                 self.last_tick_error = f"{type(exc).__name__}: {exc}"
@@ -181,3 +281,11 @@ class Controller:
                 log.exception("reconcile failed")
             finally:
                 self.ctx.last_tick_s = self.ctx.clock.now() - t0
+
+    def _cancel_requested(self) -> None:
+        """End the live jobs a standby was asked to cancel."""
+        ctx = self.ctx
+        with ctx.store.session() as s:
+            for job in ctx.store.jobs(s, controller_id=ctx.controller_id, live_only=True):
+                if job.cancel_requested:
+                    end_job(ctx, s, job, JobState.CANCELLED, job.cancel_requested, why="job cancelled")

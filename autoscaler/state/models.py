@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Text
+from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from ..domain import TERMINAL, JobState
@@ -49,18 +49,18 @@ class Job(Base):
     gang_stop_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     restarts_on_errors: Mapped[int] = mapped_column(Integer, default=0)
     # Step when the current gang started, and how many gangs in a row were lost before any progress.
-    gang_start_step: Mapped[int] = mapped_column(Integer, default=0)
+    gang_start_step: Mapped[int] = mapped_column(BigInteger, default=0)
     stalled_restarts: Mapped[int] = mapped_column(Integer, default=0)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     on_demand_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
-    step: Mapped[int] = mapped_column(Integer, default=0)
-    total_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    step: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_steps: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     metric: Mapped[float | None] = mapped_column(Float, nullable=True)
     metric_name: Mapped[str] = mapped_column(String(64), default="")
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     final_model: Mapped[str | None] = mapped_column(Text, nullable=True)
-    last_checkpoint_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_checkpoint_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # Measured seconds (wall) from a gang stop to training running again; feeds the policy.
     restart_overhead_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     scenario_json: Mapped[str] = mapped_column(Text, default="")
@@ -72,6 +72,9 @@ class Job(Base):
     grad_var: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The batch configuration the running (or last) gang was told to train with (JSON; "" = the spec's).
     batch_json: Mapped[str] = mapped_column(Text, default="")
+    # A cancel asked of a standby controller of the fleet (its reason); the leader cancels the job on
+    # its next tick (docs/architecture.md, "High availability").
+    cancel_requested: Mapped[str] = mapped_column(Text, default="", server_default="")
 
 
 class InstanceRow(Base):
@@ -183,5 +186,5 @@ class ProgressSample(Base):
     # Controller clock, and the provider's clock (the one deadlines and instance times are on).
     ts: Mapped[float] = mapped_column(Float, default=time.time)
     clock_s: Mapped[float] = mapped_column(Float, default=0.0)
-    step: Mapped[int] = mapped_column(Integer, default=0)
-    checkpoint_step: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int] = mapped_column(BigInteger, default=0)
+    checkpoint_step: Mapped[int] = mapped_column(BigInteger, default=0)

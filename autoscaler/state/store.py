@@ -9,13 +9,17 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from sqlalchemy import Table, case, create_engine, event, func, inspect, select, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud_providers.base import SPOT, InstanceState
 
 from ..domain import LIVE, check_transition
+from . import lease as _lease  # noqa: F401 - registers the leases table with Base
 from .models import TERMINAL, Base, Decision, Event, InstanceRow, Job, JobState
+
+# pg_advisory_xact_lock key under which a controller makes or evolves the schema on PostgreSQL.
+_SCHEMA_LOCK = 0x5350_5452
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -51,32 +55,43 @@ def _private_sqlite_file(url: str) -> None:
 class Database:
     """An engine and transactional sessions over some of the state tables (all of them by default)."""
 
-    def __init__(self, url: str, *, tables: list[Table] | None = None) -> None:
+    def __init__(self, url: str, *, tables: list[Table] | None = None, ddl: tuple[str, ...] = ()) -> None:
+        """``ddl``: statements run after the tables are made (``CREATE INDEX IF NOT EXISTS ...``)."""
         self.url = url
-        if url.startswith("sqlite"):
+        sqlite = url.startswith("sqlite")
+        if sqlite:
             _private_sqlite_file(url)
-        self.engine: Engine = create_engine(url, future=True)
-        if url.startswith("sqlite"):
+        # pre_ping: a server that restarted (or a connection a proxy dropped) costs no failed tick.
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite)
+        if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine, tables=tables)
-        self._add_missing_columns(tables)
+        with self.engine.begin() as conn:
+            if self.engine.dialect.name == "postgresql":
+                # Controllers of one fleet may start together: one at a time makes or evolves the
+                # schema (PostgreSQL's DDL is transactional; the lock ends with this transaction).
+                conn.execute(text(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})"))
+            Base.metadata.create_all(conn, tables=tables)
+            self._add_missing_columns(conn, tables)
+            for statement in ddl:
+                conn.execute(text(statement))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    def _add_missing_columns(self, tables: list[Table] | None) -> None:
+    def _add_missing_columns(self, conn: Connection, tables: list[Table] | None) -> None:
         """Additive schema evolution: a database written by an older spotrain gets the columns added
         since, with their defaults, so upgrading never loses or strands stored jobs."""
-        insp = inspect(self.engine)
-        with self.engine.begin() as conn:
-            for table in tables if tables is not None else Base.metadata.sorted_tables:
-                have = {c["name"] for c in insp.get_columns(table.name)}
-                for col in table.columns:
-                    if col.name in have:
-                        continue
-                    default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
-                    ddl = f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile(self.engine.dialect)}"
-                    if default is not None:
-                        ddl += f" DEFAULT {default!r}" if isinstance(default, str) else f" DEFAULT {default}"
-                    conn.execute(text(ddl))
+        insp = inspect(conn)
+        for table in tables if tables is not None else Base.metadata.sorted_tables:
+            have = {c["name"] for c in insp.get_columns(table.name)}
+            for col in table.columns:
+                if col.name in have:
+                    continue
+                default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
+                ddl = f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile(self.engine.dialect)}"
+                if isinstance(default, str):
+                    ddl += " DEFAULT '" + default.replace("'", "''") + "'"
+                elif default is not None:
+                    ddl += f" DEFAULT {default}"
+                conn.execute(text(ddl))
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
@@ -107,11 +122,7 @@ class Store(Database):
     """The controller's state: jobs, instances, decisions, events."""
 
     def __init__(self, url: str, *, tables: list[Table] | None = None) -> None:
-        super().__init__(url, tables=tables)
-        if tables is None:
-            with self.engine.begin() as conn:
-                for ddl in _INDEXES:
-                    conn.execute(text(ddl))
+        super().__init__(url, tables=tables, ddl=_INDEXES if tables is None else ())
 
     # ----- queries -----
     def job(self, s: Session, ref: str) -> Job | None:
