@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from .agents import agent_args, agent_cloud_args, agent_listener, agent_options, serve_agents
 from .tune import policy_params_option, read_policy_params
 
 
@@ -50,7 +51,8 @@ def _clouds(value: str) -> str:
               help="Reconcile interval, seconds.")
 @click.option("--id", "controller_id", default=None, help="Controller id (default: controller-<cloud>).")
 @click.option("--advertise-url", default=None,
-              help="URL the instance agents reach this controller on (--executor remote; default: the bound URL).")
+              help="https:// URL the instance agents reach this controller on (--executor remote; default: the "
+                   "agents' listener, --agent-host/--agent-port).")
 @click.option("--rendezvous-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
               help="torch.distributed port on each gang's first instance (--executor remote).")
 @click.option("--lease-ttl", "lease_ttl_s", type=click.FloatRange(min=1.0), default=10.0, show_default=True,
@@ -58,6 +60,7 @@ def _clouds(value: str) -> str:
                    "share it, one leads and the others stand by, taking over once it expires.")
 @click.option("--daemon", is_flag=True, help="Run in the background, logging to $SPOTRAIN_HOME/controller.log.")
 @policy_params_option
+@agent_options
 def start(cloud: str, executor: str, host: str, port: int, tick_s: float, controller_id: str | None,
           advertise_url: str | None, rendezvous_port: int, lease_ttl_s: float, daemon: bool, policy_params: str | None) -> None:
     """Start the controller in the foreground (or with --daemon in the background); it serves until
@@ -68,7 +71,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
                 "--rendezvous-port", str(rendezvous_port), "--lease-ttl", repr(lease_ttl_s), *(["--id", controller_id] if controller_id else []),
                 *(["--advertise-url", advertise_url] if advertise_url else []),
                 *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])]
-        url, log = start_daemon(args)
+        url, log = start_daemon(args + agent_args())
         return click.echo(f"spotrain controller started in the background on {url} (log: {log}); "
                           "stop it with: spotrain controller stop")
     import uvicorn
@@ -96,14 +99,13 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     actual_port = sock.getsockname()[1]
     url = f"http://{host}:{actual_port}"
-    if executor == "remote" and advertise_url is None and host in ("0.0.0.0", "::"):
-        raise SpotrainError(f"--advertise-url is required with --host {host}: instances cannot reach {url}")
+    agents, advertise_url = agent_listener(executor, host=host, port=actual_port, advertise_url=advertise_url)
     store = Store(db_url())
     from cloud_providers.errors import ProviderError
 
     try:
         setup = make_cloud(cloud, cloud_id=cid, executor=executor, store=store, advertise_url=advertise_url or url,
-                           rendezvous_port=rendezvous_port)
+                           rendezvous_port=rendezvous_port, **agent_cloud_args(agents))
     except ValueError as exc:
         raise SpotrainError(str(exc)) from None
     except ProviderError as exc:
@@ -117,6 +119,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         ctl.start()  # reconciles with the cloud first (recovery)
     except ProviderError as exc:
         raise SpotrainError(f"{cloud}: recovery could not reach the cloud: {exc}") from None
+    serve_agents(agents, setup.executor)
     write_controller_info(url, os.getpid())
     _announce(ctl, f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {{db}})")
     server = uvicorn.Server(uvicorn.Config(create_app(ctl, token), log_level="warning", lifespan="off"))
