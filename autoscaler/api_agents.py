@@ -6,6 +6,10 @@ own launch decision (``remote_executor.agent_credential``), and the controller m
 instance it launched, so an agent reads and writes nothing but its own instance's assignment and
 reports. The user API token is never accepted here, nor an agent credential on the user API.
 
+``spotrain controller start --executor remote`` serves these endpoints on a listener of their own, over
+HTTPS with the controller's pinned certificate (``agent_server.py``); the executor is then
+``served_apart`` and the user API, plain HTTP, neither serves them nor accepts agent credentials.
+
 Wire format: ``cloud_providers/remote/wire.py``. The router translates its own refusals (the lookup
 errors of ``remote_executor.py``, a malformed report): the agent's protocol gives them meaning, and
 the router also serves without the controller's app (tests mount it alone).
@@ -47,9 +51,9 @@ def _decision(executor: RemoteExecutor, authorization: str) -> str | None:
 
 def agent_gate_for(controller: "Controller") -> Callable[[str], bool] | None:
     """Whether an ``Authorization`` header carries an agent credential this controller issued (None
-    when its executor is not remote: then no path is an agent's)."""
+    when its executor is not remote, or its agents are served apart: then no path here is an agent's)."""
     executor = controller.executor
-    if not isinstance(executor, RemoteExecutor):
+    if not isinstance(executor, RemoteExecutor) or executor.served_apart:
         return None
     return lambda authorization: _decision(executor, authorization) is not None
 
@@ -103,7 +107,8 @@ def agent_router(executor: RemoteExecutor) -> APIRouter:
 
 
 def agent_router_for(controller: "Controller") -> APIRouter:
-    """The agents' endpoints when the controller's executor is remote, else an empty router."""
-    if isinstance(controller.executor, RemoteExecutor):
+    """The agents' endpoints when the controller's executor is remote (and they are not served apart,
+    over TLS), else an empty router."""
+    if isinstance(controller.executor, RemoteExecutor) and not controller.executor.served_apart:
         return agent_router(controller.executor)
     return APIRouter()

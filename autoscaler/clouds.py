@@ -64,16 +64,20 @@ def local_cloud(
 
 def remote_cloud(
     cloud: str, *, cloud_id: str, store: Store, advertise_url: str, rendezvous_port: int = DEFAULT_MASTER_PORT,
+    agent_cert_pem: str | None = None, agent_install: str | None = None,
 ) -> CloudSetup:
     """A real cloud whose instances run their own agent (``--executor remote``): the user data of each
-    instance carries the agent config (controller URL, the instance's agent credential, notice sources).
-    ``cloud`` may name several (``aws,gcp``): one agent gate over the clouds' composite provider."""
+    instance carries the agent config (controller URL, the instance's agent credential, notice sources,
+    ``agent_cert_pem``: the certificate the agent pins, ``agent_server.py``) and installs the agent pinned
+    to this version from ``agent_install`` (``cloud_providers/agent_boot.py``). ``cloud`` may name
+    several (``aws,gcp``): one agent gate over the clouds' composite provider."""
     clouds = cloud.split(",")
     for name in clouds:
         if name not in ("aws", "gcp"):
             raise ValueError(f"--executor remote needs a real cloud with agents on its instances (aws, gcp), not {name!r}")
     if len(clouds) > 1:
         check_clouds(clouds)
+    from cloud_providers.agent_boot import AgentInstall
     from cloud_providers.base import TAG_JOB, LaunchRequest
     from cloud_providers.remote.config import NOTICE_SOURCE_AWS, NOTICE_SOURCE_GCE, AgentConfig
 
@@ -84,24 +88,40 @@ def remote_cloud(
     except ValueError:
         raise ValueError(f"--advertise-url: {advertise_url!r} is not an http(s) URL the instances can reach") from None
     token = ensure_agent_token()
+    install = AgentInstall.parse(agent_install)
+    version = install.pinned_version()
 
     def boot_config_for(request: LaunchRequest) -> dict[str, Any]:
         return AgentConfig(
             controller_url=advertise_url, agent_credential=agent_credential(token, request.decision_id),
             decision_id=request.decision_id, job_id=request.tags.get(TAG_JOB), controller_id=cloud_id,
             notice_sources=(NOTICE_SOURCE_GCE if request.offering.cloud == "gcp" else NOTICE_SOURCE_AWS,),
+            controller_cert_pem=agent_cert_pem, agent_version=version,
         ).to_json()
 
     executor = RemoteExecutor(store, agent_token=token, master_port=rendezvous_port)
-    raw = [_provider_factory(name)(controller_id=cloud_id, boot_config_for=boot_config_for) for name in clouds]
+    raw = [_provider_factory(name)(controller_id=cloud_id, boot_config_for=boot_config_for,
+                                   agent_boot=_agent_boot(name, install)) for name in clouds]
     provider = AgentGatedProvider(raw[0] if len(raw) == 1 else MultiCloudProvider(raw), executor)
     executor.address_of = provider.address_of
     return CloudSetup(provider, executor, 1.0)
 
 
+def _agent_boot(cloud: str, install: Any) -> Any:
+    """The cloud's ``AgentBoot`` (its image's interpreter and extra) installing from ``install``."""
+    if cloud == "gcp":
+        from cloud_providers.gcp.userdata import AgentBoot as GcpBoot
+
+        return GcpBoot(install=install)
+    from cloud_providers.aws.userdata import AgentBoot as AwsBoot
+
+    return AwsBoot(install=install)
+
+
 def make_cloud(
     cloud: str, *, cloud_id: str, executor: str = "local", store: Store | None = None,
     advertise_url: str | None = None, rendezvous_port: int = DEFAULT_MASTER_PORT,
+    agent_cert_pem: str | None = None, agent_install: str | None = None,
 ) -> CloudSetup:
     """``executor``: ``local`` (workers as processes on this machine) or ``remote`` (each instance's
     agent runs them; needs the controller's ``store`` and the ``advertise_url`` agents reach it on)."""
@@ -109,7 +129,7 @@ def make_cloud(
         if store is None or not advertise_url:
             raise ValueError("--executor remote needs the controller's database and an advertised URL")
         return remote_cloud(cloud, cloud_id=cloud_id, store=store, advertise_url=advertise_url,
-                            rendezvous_port=rendezvous_port)
+                            rendezvous_port=rendezvous_port, agent_cert_pem=agent_cert_pem, agent_install=agent_install)
     if executor != "local":
         raise ValueError(f"unknown executor {executor!r} (choose local or remote)")
     if "," in cloud:  # one controller over several clouds (autoscaler/multicloud.py)

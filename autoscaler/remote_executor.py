@@ -25,6 +25,13 @@ SQLite's single write lock, so with SQLite the agent tables live in a sibling fi
 (``spotrain-agents.db`` beside ``spotrain.db``); with a server database (PostgreSQL, ...) they share the
 controller's URL, since row locks on other tables do not conflict.
 
+Workdir: ``start`` ships the job's workdir (``workdir.py``: a content-hashed archive in the job's store,
+once per job and controller) and the assignment carries its URI and hash, which the agent verifies;
+a workdir that cannot be shipped (too large, a link out of it) reaches the agent as an error it fails
+the ranks with, so the job fails with that one line. TLS: with ``spotrain controller start --executor
+remote`` the agents' endpoints are served apart, over HTTPS (``agent_server.py``), and
+``served_apart`` keeps them off the plain-HTTP user API.
+
 Agent credentials: one agent token per controller (``agent-token`` in SPOTRAIN_HOME, mode 0600); each
 instance gets ``<decision_id>:<HMAC(token, decision_id)>`` in its user data, so a leaked user data
 exposes one instance's agent, never the controller's token or the user API.
@@ -51,6 +58,7 @@ from sqlalchemy.engine.url import make_url
 from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import GangState, WorkerLaunch, WorkerStatus
+from cloud_providers.protocol import ENV_CHECKPOINT_URI
 from cloud_providers.remote.wire import (
     STATE_EXITED,
     STATE_IDLE,
@@ -229,6 +237,7 @@ class RemoteExecutor:
         lost_after_s: float = 30.0,
         address_of: Callable[[str], str | None] | None = None,
         clock: Callable[[], float] = time.time,
+        ship_workdir: bool = True,
     ) -> None:
         if not 0 < master_port < 65536:
             raise ValueError(f"master_port: {master_port} is not a TCP port")
@@ -245,13 +254,36 @@ class RemoteExecutor:
         self._clock = clock
         self._started_at = clock()
         self._output_lock = threading.Lock()
+        self.ship_workdir = ship_workdir
+        self._workdirs: dict[str, dict[str, Any]] = {}
+        # True once the agents' endpoints are served on their own TLS listener (``agent_server.py``).
+        self.served_apart = False
+
+    def workdir_for(self, launch: WorkerLaunch) -> dict[str, Any] | None:
+        """The job's shipped workdir for its assignments (``workdir.py``), made at its first start here:
+        ``{uri, sha256, size}``, or ``{error}`` when it cannot be shipped (the agent fails the ranks
+        with that line). None when not shipping, or without a job store to ship to."""
+        store_uri = launch.env.get(ENV_CHECKPOINT_URI)
+        if not self.ship_workdir or not store_uri:
+            return None
+        if launch.job_id not in self._workdirs:
+            from .workdir import ship
+
+            try:
+                ref = ship(Path(launch.cwd), store_uri)
+                self._workdirs[launch.job_id] = ref.to_json()
+                log.info("job %s: workdir %s shipped as %s (%d bytes)", launch.job_id, launch.cwd, ref.uri, ref.size)
+            except SpotrainError as exc:
+                log.error("job %s: %s", launch.job_id, exc)
+                self._workdirs[launch.job_id] = {"error": str(exc)}
+        return self._workdirs[launch.job_id]
 
     # ----- the Executor contract (controller side) -----
     def start(self, launch: WorkerLaunch) -> None:
         assignment = RankAssignment(
             job_id=launch.job_id, attempt=launch.attempt, run=launch.run, setup=launch.setup, cwd=launch.cwd,
             ranks=list(launch.ranks), world_size=launch.world_size, master_addr=launch.master_addr,
-            master_port=launch.master_port, env=dict(launch.env),
+            master_port=launch.master_port, env=dict(launch.env), workdir=self.workdir_for(launch),
         )
         with self.tables.session() as s:
             row = s.get(AgentAssignment, launch.instance_id)

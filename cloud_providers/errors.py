@@ -17,6 +17,7 @@ Every error a cloud SDK raises is translated where it enters, to the most specif
     ├── ScenarioError         (local/scenario.py: a local-cloud scenario file is invalid; names the field)
     ├── WireError             (remote/wire.py: an agent <-> controller message breaks the wire format)
     ├── MetadataError         (remote/metadata.py: the instance's metadata service cannot be read)
+    ├── WorkdirError          (remote/workdir.py: the job's shipped workdir is unreadable, tampered or unsafe)
     ├── ControllerUnreachable (remote/agent.py: the agent's controller does not answer; retry later)
     └── InstanceGone          (remote/agent.py: the controller says the agent's instance is gone for good)
 

@@ -3,7 +3,8 @@
 The job's strings (name, ``setup``, ``run``, environment) are never spliced into a script. They travel
 as one JSON document, base64-encoded inside cloud-init ``write_files`` (so no YAML or shell quoting
 is involved), to a root-only file; the commands cloud-init runs are a fixed argv list chosen by the
-operator (interpreter, package, agent module) that only names that file. cloud-init quotes list-form
+operator (interpreter, package, agent module, the pinned install source: ``agent_boot.AgentInstall``)
+that only names that file. cloud-init quotes list-form
 ``runcmd`` entries itself, and our entries contain no job data anyway. The agent reads the file and
 runs the user's commands as its own child processes.
 
@@ -43,9 +44,10 @@ class AgentBoot(AgentBootSettings):
     package: str = "spotrain[aws]"
 
     def commands(self) -> list[list[str]]:
-        """Fixed argv lists: they depend on operator settings only, never on the job."""
+        """Fixed argv lists: they depend on operator settings only, never on the job. The agent is
+        installed pinned to the controller's version from the operator's source (``AgentInstall``)."""
         return [
-            [self.python, "-m", "pip", "install", "--quiet", self.package],
+            *self.install_commands(),
             # A transient systemd service: restarted if it crashes, logs in the journal.
             [
                 "systemd-run",

@@ -3,9 +3,10 @@
 The twin of ``aws/userdata.py``. The job's strings (name, ``setup``, ``run``, environment) never enter
 a script: the agent config travels as one JSON document in its own instance metadata key
 (``spotrain-agent-config``), and the ``startup-script`` is fixed text built from operator settings
-only (interpreter, package, agent module, unit name, each ``shlex.quote``d). The script copies the
-config from the metadata server to a root-only file, installs spotrain, and starts the agent as a
-transient systemd unit. Compute runs ``startup-script`` as root on every boot.
+only (interpreter, package, agent module, unit name, the pinned install source, each
+``shlex.quote``d). The script copies the config from the metadata server to a root-only file,
+installs spotrain pinned to the controller's version, and starts the agent as a transient systemd
+unit. Compute runs ``startup-script`` as root on every boot.
 
 Instance metadata is readable by whoever may ``compute.instances.get`` the instance and by any
 process on it. With ``--executor remote`` the config carries the instance's agent credential, bound to
@@ -53,7 +54,8 @@ class AgentBoot(AgentBootSettings):
                 f"curl -sSf --retry 5 -H 'Metadata-Flavor: Google' -o {q(CONFIG_PATH + '.tmp')} "
                 f"{q(METADATA_URL + CONFIG_KEY)}",
                 f"mv -f {q(CONFIG_PATH + '.tmp')} {q(CONFIG_PATH)}",
-                f"{q(self.python)} -m pip install --quiet {q(self.package)}",
+                # Pinned to the controller's version, from the operator's source (``AgentInstall``).
+                *(shlex.join(argv) for argv in self.install_commands()),
                 # Startup scripts run on every boot: a unit left from the last one is replaced.
                 f"systemctl stop {q(self.unit_name)} 2>/dev/null || true",
                 f"systemd-run --unit={q(self.unit_name)} --property=Restart=on-failure "

@@ -48,6 +48,7 @@ from ..local.agent import PHASE_EXITED, PHASE_SETUP, Gang, GangLaunch
 from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
 from .config import AgentConfig
 from .metadata import MetadataError, NoticeSource, sources_for
+from .tls import pinned_context
 from .wire import (
     ASSIGNMENT_PATH,
     MAX_OUTPUT_CHUNK,
@@ -64,10 +65,11 @@ from .wire import (
     Report,
     WireError,
 )
+from .workdir import WorkdirError, WorkdirRef, fetch_and_unpack
 
 log = logging.getLogger("spotrain.agent")
 
-# Exit code reported for every rank when the workers cannot be started (workdir or bash missing).
+# Exit code reported for every rank when the workers cannot be started (workdir missing or refused, no bash).
 EXIT_CANNOT_START = 127
 
 
@@ -89,9 +91,16 @@ class ControllerChannel:
     """The agent's HTTP client for the controller (httpx; one short timeout per request)."""
 
     def __init__(self, config: AgentConfig, *, http: httpx.Client | None = None) -> None:
-        """``http``: a client to use instead of a new one (tests pass FastAPI's TestClient)."""
-        self._http = http or httpx.Client(base_url=config.controller_url.rstrip("/"), timeout=config.request_timeout_s)
+        """``http``: a client to use instead of a new one (tests pass FastAPI's TestClient). Without it,
+        the controller must be ``https://`` with its certificate pinned (ValueError otherwise: ``tls.py``)."""
+        if http is None:
+            ctx = pinned_context(config.controller_url, config.controller_cert_pem)
+            http = httpx.Client(base_url=config.controller_url.rstrip("/"), timeout=config.request_timeout_s, verify=ctx)
+        self._http = http
         self._http.headers["Authorization"] = f"Bearer {config.agent_credential}"
+
+    def close(self) -> None:
+        self._http.close()
 
     def _answer(self, resp: httpx.Response) -> Assignment | None:
         if resp.status_code == 404:
@@ -277,23 +286,48 @@ class Agent:
         # `python` in the user's command is the interpreter the agent runs under (the image's).
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         log_dir = self.state_dir / "logs" / la.job_id
+        problem: str | None = None
+        try:
+            cwd = self._workdir(la)
+        except WorkdirError as exc:
+            cwd, problem = la.cwd, f"spotrain agent: {exc}"
         self.gang = Gang(GangLaunch(
-            attempt=la.attempt, run=la.run, setup=la.setup, cwd=la.cwd, ranks=la.ranks, world_size=la.world_size,
+            attempt=la.attempt, run=la.run, setup=la.setup, cwd=cwd, ranks=la.ranks, world_size=la.world_size,
             master_addr=la.master_addr, master_port=la.master_port, env=env, log_dir=log_dir,
             setup_marker=self.state_dir / f"setup-{la.job_id}.done",
             setup_log=log_dir / f"setup-{self.instance_id or self.config.decision_id}.log",
             own_process_group=True,
         ))
         log.info("attempt %d: starting ranks %s of %d (job %s)", la.attempt, list(la.ranks), la.world_size, la.job_id)
+        if problem is not None:
+            return self._cannot_start(la, log_dir, problem)
         try:
-            # The spec's workdir is a path on the submitting machine; on an instance it must exist in the
-            # image or be made by the job's setup (docs/aws.md, "Workers on real instances").
-            Path(la.cwd).mkdir(parents=True, exist_ok=True)
+            # Without a shipped workdir, the spec's path must exist in the image or be made by setup.
+            Path(cwd).mkdir(parents=True, exist_ok=True)
             self.gang.start()
         except OSError as exc:
             # As a shell reports a command it cannot run: the controller sees a failed start, not a hang.
-            log.error("attempt %d: cannot start the workers in %s: %s", la.attempt, la.cwd, exc)
-            self.gang.fail(EXIT_CANNOT_START)
+            self._cannot_start(la, log_dir, f"spotrain agent: cannot start the workers in {cwd}: {exc}")
+
+    def _workdir(self, la: RankAssignment) -> str:
+        """Where the ranks run: the shipped workdir, fetched and verified (``workdir.py``), else ``cwd``."""
+        if la.workdir is None:
+            return la.cwd
+        ref = WorkdirRef.from_json(la.workdir)
+        path = fetch_and_unpack(ref, self.state_dir / "workdirs")
+        log.info("attempt %d: workdir %s (sha256 %s) in %s", la.attempt, ref.uri, ref.sha256, path)
+        return str(path)
+
+    def _cannot_start(self, la: RankAssignment, log_dir: Path, message: str) -> None:
+        """Every local rank fails with EXIT_CANNOT_START, ``message`` as the last line of its log (the
+        controller shows it as the failure's reason)."""
+        log.error("attempt %d: %s", la.attempt, message)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for rank in la.ranks:
+            with open(log_dir / f"attempt-{la.attempt}-rank-{rank}.log", "a") as f:
+                f.write(message + "\n")
+        assert self.gang is not None
+        self.gang.fail(EXIT_CANNOT_START)
 
     def _stop(self) -> None:
         """Kill the running workers. Workers that already exited keep their exit codes."""
@@ -425,9 +459,26 @@ class Agent:
                 time.sleep(self.config.poll_s)
         finally:
             self.watcher.close()
+            close = getattr(self.channel, "close", None)
+            if close is not None:
+                close()
             if self.gang is not None and self.gang.phase != PHASE_EXITED:
                 self.gang.kill()
         return 0
+
+
+def check_version(config: AgentConfig) -> None:
+    """ValueError unless this agent is the spotrain version the controller pinned (``agent_version``)."""
+    if config.agent_version is None:
+        return
+    import importlib.metadata
+
+    try:
+        have = importlib.metadata.version("spotrain")
+    except importlib.metadata.PackageNotFoundError:
+        have = "not installed"
+    if have != config.agent_version:
+        raise ValueError(f"agent_version: this is spotrain {have}, the controller pinned {config.agent_version}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -439,10 +490,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would drown the journal
     try:
         config = AgentConfig.load(args.config)
+        check_version(config)
+        agent = Agent(config)
     except ValueError as exc:
         print(f"spotrain agent: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(config)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: agent.on_sigterm())
     interrupted = threading.Event()
     signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())

@@ -38,6 +38,10 @@ class AgentConfig:
     # The address other instances reach this one on (rank 0's rendezvous); default: the cloud's
     # private address (IMDS local-ipv4, GCE network-interfaces/0/ip, or the provider's record).
     advertise_address: str | None = None
+    # The controller's self-signed certificate (PEM): the agent's only trust anchor (``tls.py``).
+    controller_cert_pem: str | None = None
+    # The spotrain version the controller runs and the user data installed: the agent refuses another.
+    agent_version: str | None = None
     poll_s: float = 0.5
     report_s: float = 1.0
     request_timeout_s: float = 5.0

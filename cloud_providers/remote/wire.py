@@ -78,10 +78,15 @@ class RankAssignment:
     master_addr: str
     master_port: int
     env: Mapping[str, str]
+    # The job's workdir as the controller shipped it (``workdir.py``): ``{"uri", "sha256", "size"}`` of
+    # its archive in the job's store, or ``{"error": ...}`` when it could not be shipped. None: run in
+    # ``cwd`` as it is on the instance.
+    workdir: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["ranks"], d["env"] = list(self.ranks), dict(self.env)
+        d["workdir"] = dict(self.workdir) if self.workdir is not None else None
         return d
 
     @classmethod
@@ -94,11 +99,14 @@ class RankAssignment:
             raise WireError(f"launch.ranks: expected a non-empty list of integers, got {ranks!r}")
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise WireError("launch.env: expected an object of strings")
+        workdir = d.get("workdir")
+        if workdir is not None and not isinstance(workdir, dict):
+            raise WireError("launch.workdir: expected an object")
         return cls(
             job_id=str(_str(d, "job_id")), attempt=_int(d, "attempt"), run=str(_str(d, "run")),
             setup=_str(d, "setup", optional=True), cwd=str(_str(d, "cwd")), ranks=list(ranks),
             world_size=_int(d, "world_size"), master_addr=str(_str(d, "master_addr")),
-            master_port=_int(d, "master_port"), env=dict(env),
+            master_port=_int(d, "master_port"), env=dict(env), workdir=workdir,
         )
 
 

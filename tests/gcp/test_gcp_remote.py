@@ -97,7 +97,8 @@ def boot(compute: FakeCompute, name: str, root: Path, env: dict[str, str]) -> Ma
     assert f"-m {AGENT_MODULE} --config {userdata.CONFIG_PATH}" in script
     config = json.loads(items[userdata.CONFIG_KEY])
     assert config["notice_sources"] == ["gce-metadata"], config
-    assert config["controller_url"].startswith("http://127.0.0.1:"), config
+    assert config["controller_url"].startswith("https://127.0.0.1:"), config  # TLS, pinned (finding 7)
+    assert "BEGIN CERTIFICATE" in config["controller_cert_pem"], config
     assert config["agent_credential"].startswith(config["decision_id"] + ":"), config
     return Machine(name, config, root, env)
 
