@@ -99,7 +99,10 @@ def test_the_standby_takes_over_when_the_leader_is_sigkilled(spotrain_home: Path
         standby = spawn(home_b, env)
         lease = read_lease(engine, FLEET)
         assert lease is not None and lease["holder_info"]["pid"] == leader.pid, lease
-        assert "standby: fleet" in (home_b / "controller.log").read_text()
+        deadline = time.time() + 10  # it says so on stderr right after it recorded its address
+        while "standby: fleet" not in (home_b / "controller.log").read_text():
+            assert time.time() < deadline, (home_b / "controller.log").read_text()[-2000:]
+            time.sleep(0.05)
 
         # Writes at the standby go to the database; the leader picks the job up.
         r = cli(home_b, "submit", str(write_pw_spec(tmp_path, name="ha")), "--json")
