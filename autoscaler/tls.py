@@ -3,8 +3,9 @@
 ``spotrain controller start --executor remote`` serves the agents' endpoints over HTTPS
 (``agent_server.py``) with this certificate. It is made on first use with the ``cryptography`` package
 (an EC P-256 key, valid 10 years, names ``spotrain-controller`` and the hosts it is first made for) and
-kept in SPOTRAIN_HOME as ``agent-tls.key`` and ``agent-tls.crt`` (both mode 0600), so instances launched
-before a controller restart still trust the controller after it. Every instance's agent config carries
+kept in the fleet's directory (``SPOTRAIN_FLEET_DIR``, default SPOTRAIN_HOME) as ``agent-tls.key`` and
+``agent-tls.crt`` (both mode 0600), so instances launched before a controller restart, or by a leader
+that a standby of its fleet took over from, still trust the controller that serves them now. Every instance's agent config carries
 the certificate (``controller_cert_pem``), and the agent trusts it alone
 (``cloud_providers/remote/tls.py``): no public CA is involved, and no other server can pass for the
 controller. To rotate it, stop the controller, delete both files and terminate the instances.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import fcntl
 import ipaddress
 import os
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ from pathlib import Path
 from cloud_providers.remote.tls import fingerprint
 
 from .errors import SpotrainError
-from .home import home
+from .home import fleet_dir
 
 CERT_FILE = "agent-tls.crt"
 KEY_FILE = "agent-tls.key"
@@ -92,12 +94,18 @@ def _generate(hosts: Sequence[str]) -> tuple[bytes, bytes]:
 def ensure_agent_cert(hosts: Sequence[str] = (), *, root: Path | None = None) -> AgentCert:
     """This controller's agent certificate, made (mode 0600) on first use. ``hosts``: names and
     addresses written into a new certificate (the agents do not check them: they pin the certificate)."""
-    root = root or home()
+    root = root or fleet_dir()
     cert_path, key_path = root / CERT_FILE, root / KEY_FILE
-    if not (cert_path.exists() and key_path.exists()):
-        cert_pem, key_pem = _generate(hosts)
-        _write_private(key_path, key_pem)
-        _write_private(cert_path, cert_pem)
+    # The controllers of a fleet may start together: one makes the pair, under a lock, the others read it.
+    lock = os.open(root / "agent-tls.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cert_path.exists() and key_path.exists()):
+            cert_pem, key_pem = _generate(hosts)
+            _write_private(key_path, key_pem)
+            _write_private(cert_path, cert_pem)
+    finally:
+        os.close(lock)
     for path in (cert_path, key_path):
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o600)

@@ -248,3 +248,18 @@ def test_finding7_the_agent_install_is_pinned_whatever_the_source() -> None:
         AgentInstall.parse("wheel:s3://bucket/spotrain-0.0.1-py3-none-any.whl")
     with pytest.raises(ValueError, match="is not index:URL"):
         AgentInstall.parse("pypi")
+
+
+def test_the_controllers_of_a_fleet_share_one_agent_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby that takes over serves the agents the leader launched: they pin the fleet's
+    certificate, kept in SPOTRAIN_FLEET_DIR, not one per controller home."""
+    from autoscaler.tls import ensure_agent_cert
+
+    fleet = tmp_path / "fleet"
+    monkeypatch.setenv("SPOTRAIN_FLEET_DIR", str(fleet))
+    monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path / "leader"))
+    leader = ensure_agent_cert(["10.0.0.1"])
+    monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path / "standby"))
+    standby = ensure_agent_cert(["10.0.0.2"])
+    assert standby.pem == leader.pem and leader.cert_path.parent == fleet
+    assert not (tmp_path / "standby" / "agent-tls.crt").exists()
