@@ -165,6 +165,18 @@ def _entries(workdir: Path, limit: int) -> list[tuple[str, os.stat_result, Path]
     return out
 
 
+def check_workdir(workdir: Path) -> int:
+    """The bytes of the files ``workdir`` would ship, without packing them: the checks of
+    ``build_archive`` (a directory, no link out of it, under the size limit) at submission, so a job
+    that cannot be shipped is refused then, not when its first gang starts on instances."""
+    if not workdir.is_dir():
+        raise SpecError(f"workdir: {workdir} is not a directory on the controller's machine")
+    try:
+        return sum(st.st_size for _, st, _ in _entries(workdir, max_workdir_bytes()) if stat.S_ISREG(st.st_mode))
+    except OSError as exc:
+        raise SpecError(f"workdir: cannot read {exc.filename or workdir}: {exc.strerror}") from None
+
+
 def build_archive(workdir: Path, *, max_bytes: int | None = None) -> tuple[bytes, str]:
     """The workdir's deterministic tar.gz and its SHA-256 (hex). SpecError, one line, for a
     missing or unreadable workdir, a link out of it, or files over the size limit."""

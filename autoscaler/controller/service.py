@@ -198,6 +198,10 @@ class Controller:
     # ----- API operations -----
     def submit(self, spec: JobSpec, workdir: Path, *, scenario: Mapping[str, Any] | None = None) -> dict[str, Any]:
         ctx = self.ctx
+        if getattr(ctx.executor, "ship_workdir", False):  # the remote executor ships it to instances
+            from ..workdir import check_workdir
+
+            check_workdir(workdir)  # SpecError, one line: over the size limit, a link out of it
         with self._lock, ctx.store.session() as s:
             if ctx.store.live_job_named(s, spec.name) is not None:
                 raise JobNameTaken(f"a live job named {spec.name!r} already exists", name=spec.name)

@@ -263,3 +263,38 @@ def test_the_controllers_of_a_fleet_share_one_agent_certificate(tmp_path: Path, 
     standby = ensure_agent_cert(["10.0.0.2"])
     assert standby.pem == leader.pem and leader.cert_path.parent == fleet
     assert not (tmp_path / "standby" / "agent-tls.crt").exists()
+
+
+def test_finding7_a_workdir_over_the_limit_is_refused_at_submission(
+        spotrain_home: Path, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the remote executor the workdir is shipped, so its size limit is checked when the job is
+    submitted (a one-line 422 through the API), not when the first gang starts; nothing is stored."""
+    from fastapi.testclient import TestClient
+
+    from autoscaler.api import create_app
+    from autoscaler.clouds import local_cloud
+    from autoscaler.controller import Controller
+    from autoscaler.policy import get_policy
+    from autoscaler.remote_executor import RemoteExecutor
+    from autoscaler.state import Job
+
+    monkeypatch.setenv("SPOTRAIN_WORKDIR_MAX_MB", "1")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    (work / "data.bin").write_bytes(b"\0" * (2 * 2**20))
+    ctl = Controller(store=store, provider=local_cloud("f7-submit").provider,
+                     executor=RemoteExecutor(store, agent_token=TOKEN), policy=get_policy(), controller_id="c")
+    http = TestClient(create_app(ctl, "user-token"), raise_server_exceptions=False)
+    with store.session() as s:
+        before = s.query(Job).count()
+    spec = {"name": "big", "run": "python train.py", "resources": {"accelerators": ["T4:1"], "clouds": ["aws"]}}
+    r = http.post("/v1/jobs", json={"spec": spec, "workdir": str(work)}, headers={"authorization": "Bearer user-token"})
+    assert r.status_code == 422, r.text
+    message = r.json()["detail"] if "detail" in r.json() else r.json()
+    assert "2.0 MiB to ship, over the 1 MiB limit" in json.dumps(message) and "\\n" not in json.dumps(message)
+    with store.session() as s:
+        assert s.query(Job).count() == before
+    (work / ".spotrainignore").write_text("*.bin\n")  # left out: now it fits
+    r = http.post("/v1/jobs", json={"spec": spec, "workdir": str(work)}, headers={"authorization": "Bearer user-token"})
+    assert r.status_code == 200, r.text
