@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
 from autoscaler.simulator.jobs import run_controller  # noqa: E402
-from autoscaler.simulator.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
+from autoscaler.simulator.tracegen import MULTI_NODE, MULTI_NODE_16, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
 from autoscaler.spec import spec_from_dict  # noqa: E402
 
 TRACES = {"single-zone (seed 7)": (SINGLE_ZONE, 7), "4 zones (seed 8)": (MULTI_ZONE, 8),
-          "multi-node market (seed 9)": (MULTI_NODE, 9)}
+          "multi-node market (seed 9)": (MULTI_NODE, 9), "16-instance market (seed 10)": (MULTI_NODE_16, 10)}
 HOURS = 24 * 8
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--traces", default="single-zone (seed 7),4 zones (seed 8)", help="comma-separated names of TRACES")
     ap.add_argument("--fraction", type=float, default=0.8)
     ap.add_argument("--restart-min", type=float, default=12.0)
-    ap.add_argument("--workers", default="1-1", help="MIN-MAX physical workers (policy_cost: 1-1, 1-4, 4-4)")
+    ap.add_argument("--workers", default="1-1", help="MIN-MAX physical workers (policy_cost: 1-1, 1-4, 4-4, 16-16)")
     ap.add_argument("--serial-fraction", type=float, default=None, help="Amdahl scaling instead of linear")
     args = ap.parse_args()
     lo, hi = (int(x) for x in args.workers.split("-"))
@@ -46,7 +46,7 @@ def main() -> None:
     speedup = hi if args.serial_fraction is None else 1.0 / (args.serial_fraction + (1 - args.serial_fraction) / hi)
     spec = spec_from_dict({
         "name": "bench", "run": "x", "resources": {"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]},
-        "workers": {"min": lo, "max": hi}, "training": {"logical_workers": 4, "global_batch_size": 256},
+        "workers": {"min": lo, "max": hi}, "training": {"logical_workers": max(4, hi), "global_batch_size": 256},
         "objective": {"deadline": "24h"}, "simulate": {"work_gpu_hours": 24 * args.fraction * speedup, "scaling": scaling},
     })
     job = make_sim_job(spec, restart_overhead_s=args.restart_min * 60.0)

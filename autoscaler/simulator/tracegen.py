@@ -86,7 +86,7 @@ def generate_trace(zones: Sequence[ZoneSpec], *, hours: float, seed: int, grid_s
 
 
 # Benchmark scenarios: V100 (p3.2xlarge, Can't Be Late's main instance type) in one zone, in four
-# zones across two clouds, and a four-instance-capacity market for multi-node gangs.
+# zones across two clouds, and markets with room for 4- and 16-instance gangs.
 SINGLE_ZONE = (ZoneSpec("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", mean_up_h=3.0, mean_down_h=2.0),)
 MULTI_ZONE = (
     ZoneSpec("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 3.0, 2.0, max_capacity=4),
@@ -95,3 +95,5 @@ MULTI_ZONE = (
     ZoneSpec("gcp", "us-central1", "us-central1-a", "n1-standard-8", "V100", 4.0, 1.0, max_capacity=4),
 )
 MULTI_NODE = (ZoneSpec("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 4.0, 1.5, max_capacity=6),)
+# The same market for 16-instance gangs: room for 1.5x the gang at most, as MULTI_NODE has for 4.
+MULTI_NODE_16 = (ZoneSpec("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 4.0, 1.5, max_capacity=24),)
