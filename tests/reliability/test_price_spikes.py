@@ -139,7 +139,7 @@ def test_price_spikes_never_push_a_job_past_its_budget(monkeypatch: pytest.Monke
            tried=f"{len(jobs)} jobs with tight budgets on random markets with {spikes:,} spot price spikes (to the "
                  "on-demand price; to 10x where market changes wake the controller, or at its 300 s ticks); virtual clock",
            held=f"budget never exceeded at any of {sum(r['ticks'] for r in jobs):,} ticks (closest: "
-                f"{closest:.1%} of it); {stopped} stopped by the guard, {succeeded} succeeded; recorded cost = "
+                f"{closest:.1%} of it); {stopped} ended FAILED_BUDGET (policy or guard), {succeeded} succeeded; recorded cost = "
                 "the cloud's bill for every job",
            jobs=len(jobs), spikes=spikes, ticks=sum(r["ticks"] for r in jobs), budget_stopped=stopped,
            succeeded=succeeded, closest_to_budget=round(closest, 4),
