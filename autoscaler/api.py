@@ -267,10 +267,10 @@ def _cancel_at_owner(owner: str, job_id: str, token: str) -> dict[str, Any] | No
     the URL in its owner file (``cli/run.py``); None when the owner cannot be asked."""
     import httpx
 
-    from .home import home
+    from .home import fleet_dir
 
     try:
-        info = json.loads((home() / "localcloud" / owner / "owner.json").read_text())
+        info = json.loads((fleet_dir() / "localcloud" / owner / "owner.json").read_text())
     except (OSError, ValueError):
         return None
     url = info.get("url") if isinstance(info, dict) and owner.startswith("run-") else None
@@ -307,7 +307,7 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
         if not has_token(request.headers.get("authorization", "")):
             return JSONResponse(Health(ok=True).model_dump(exclude_none=True))
         return Health(ok=True, controller_id=controller.controller_id, uptime_s=time.time() - started,
-                      last_tick_error=controller.last_tick_error)
+                      last_tick_error=controller.last_tick_error, role=controller.role)
 
     @app.post("/v1/jobs", dependencies=[Depends(auth)], response_model=JobSummary, responses=_refusals(409, 422))
     def submit(req: SubmitRequest) -> Any:

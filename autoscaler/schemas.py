@@ -107,6 +107,7 @@ class Health(_Answer):
     controller_id: str | None = None
     uptime_s: float | None = None
     last_tick_error: str | None = None
+    role: str | None = None  # "leader" or "standby" (a fleet of controllers on one database)
 
 
 class ErrorBody(_Answer):

@@ -104,6 +104,9 @@ def test_the_standby_takes_over_when_the_leader_is_sigkilled(spotrain_home: Path
             assert time.time() < deadline, (home_b / "controller.log").read_text()[-2000:]
             time.sleep(0.05)
 
+        roles = [json.loads(cli(h, "controller", "status", "--json").stdout)["role"] for h in (home_a, home_b)]
+        assert roles == ["leader", "standby"], roles  # `spotrain controller status` says which is which
+
         # Writes at the standby go to the database; the leader picks the job up.
         r = cli(home_b, "submit", str(write_pw_spec(tmp_path, name="ha")), "--json")
         assert r.returncode == 0, r.stderr
@@ -133,6 +136,7 @@ def test_the_standby_takes_over_when_the_leader_is_sigkilled(spotrain_home: Path
             time.sleep(0.1)
         takeover_s = time.time() - killed_at
         assert lease["epoch"] == 2, lease
+        assert json.loads(cli(home_b, "controller", "status", "--json").stdout)["role"] == "leader"
 
         deadline = time.time() + 120
         info = job_status(home_b, job_id)

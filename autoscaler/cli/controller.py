@@ -298,12 +298,13 @@ def status_command(as_json: bool) -> None:
             pass
         else:
             answer.update(running=True, controller_id=h.controller_id, uptime_s=round(h.uptime_s or 0.0, 1),
-                          live_jobs=len(live), last_tick_error=h.last_tick_error)
+                          live_jobs=len(live), last_tick_error=h.last_tick_error, role=h.role)
     if as_json:
         click.echo(json.dumps(answer, sort_keys=True))
     elif answer["running"]:
         kind = " (embedded in spotrain run)" if answer["embedded"] else ""
-        click.echo(f"controller {answer['controller_id']}{kind} on {answer['url']} (pid {answer['pid']}): up "
+        role = ", standby (the fleet's leader acts)" if answer.get("role") == "standby" else ""
+        click.echo(f"controller {answer['controller_id']}{kind} on {answer['url']} (pid {answer['pid']}{role}): up "
                    f"{answer['uptime_s']} s, {answer['live_jobs']} live job(s)"
                    + (f", last tick error: {answer['last_tick_error']}" if answer["last_tick_error"] else ""))
     else:

@@ -287,14 +287,14 @@ def reap_abandoned_runs(store: Any) -> list[str]:
     own local cloud, its instances terminated (which stops its workers) and the job marked FAILED."""
     from ..clouds import local_cloud
     from ..controller import Controller
-    from ..home import home
+    from ..home import fleet_dir
     from ..policy import get_policy
 
     with store.session() as s:
         stale = [(j.job_id, j.controller_id, j.submitted_at) for j in store.jobs(s, live_only=True) if j.controller_id.startswith("run-")]
     reaped: list[str] = []
     for job_id, cid, submitted_at in stale:
-        cloud_dir = home() / "localcloud" / cid
+        cloud_dir = fleet_dir() / "localcloud" / cid
         alive = _owner_alive(cloud_dir)
         if alive or (alive is None and time.time() - submitted_at < OWNER_GRACE_S):
             continue
