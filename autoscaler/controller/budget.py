@@ -3,7 +3,13 @@
 Two checks, both from the database and the last prices seen, so a failing cloud call cannot switch
 them off:
 - the guard, first on every tick: a job whose spend plus its burn rate until the guard runs again
-  would cross the budget is stopped now (FAILED_BUDGET);
+  would cross the budget is stopped now (FAILED_BUDGET). The rate is the worst the cloud may bill
+  until then: a spot price can rise to its cap, the on-demand price (EC2's default maximum; GCP's
+  Spot and the local cloud's traces stay under it), at any moment between two ticks, so spot instances
+  are reserved for at that cap, not at the last price seen (a 90 %-discount spot price back at its
+  cap between two ticks used to be billed past the budget: tests/reliability/test_price_spikes.py).
+  Where every change of an offering's price wakes the controller at once (the simulator's loop, for
+  the markets it watches) its last price holds until then, and is what is reserved;
 - before any launch: the cloud bills each launch for at least its minimum (EC2: 60 s), which can be
   longer than the guard's horizon, so spent + running until the next guard + each launch's minimum
   bill must stay under the budget.
@@ -26,6 +32,14 @@ from .launches import end_job
 Prices = Mapping[str, tuple[float, float | None]]
 
 
+def price_caps(prices: Prices, seen: frozenset[str] = frozenset()) -> Prices:
+    """The most each offering may bill per hour before the guard runs again: on-demand at its price,
+    spot at its cap (the on-demand price, or the last spot price if a market ever showed more),
+    except the offerings in ``seen``, whose every change wakes the controller: their last price holds
+    until it runs again."""
+    return {k: (od, spot if spot is None or k in seen else max(spot, od)) for k, (od, spot) in prices.items()}
+
+
 def guard_horizon_s(ctx: Context) -> float:
     """Provider seconds until the budget guard runs again: a few ticks, or longer when ticks run slow
     (a throttled cloud)."""
@@ -43,10 +57,11 @@ def budget_guard(ctx: Context, s: Session, job: Job, rows: list[InstanceRow], pr
     budget = ctx.spec(job).objective.budget_usd
     if budget is None:
         return False
-    rate = accounting.burn_rate_usd_per_hour(rows, prices)
+    rate = accounting.burn_rate_usd_per_hour(rows, price_caps(prices, ctx.prices_seen_on_change))
     if job.cost_usd + rate * guard_horizon_s(ctx) / 3600.0 < budget:
         return False
-    end_over_budget(ctx, s, job, f"stopped at ${job.cost_usd:.2f} of a ${budget:.2f} budget: spending ${rate:.2f}/h would cross it")
+    end_over_budget(ctx, s, job, f"stopped at ${job.cost_usd:.2f} of a ${budget:.2f} budget: spending up to ${rate:.2f}/h "
+                                 "until the next check could cross it")
     return True
 
 
@@ -59,7 +74,9 @@ def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[s
     horizon_s = guard_horizon_s(ctx)
     floor_s = max(float(getattr(ctx.provider, MIN_BILLED_S_ATTR, 0.0) or 0.0), horizon_s)
     prices = {k: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for k, o in by_key.items()}
-    running = accounting.burn_rate_usd_per_hour(ctx.store.instances(s, job.job_id), prices) * horizon_s / 3600.0
+    running = accounting.burn_rate_usd_per_hour(ctx.store.instances(s, job.job_id),
+                                               price_caps(prices, ctx.prices_seen_on_change)) * horizon_s / 3600.0
+    # At the launch price: a rise during a long minimum bill (not EC2's 60 s) is not reserved for.
     launches = sum(by_key[k].price_usd_per_hour(m) * floor_s / 3600.0 for k, m in missing if k in by_key)
     if job.cost_usd + running + launches < budget:
         return None
@@ -74,7 +91,8 @@ def guard_due_s(ctx: Context, s: Session, job: Job) -> float | None:
     budget = ctx.spec(job).objective.budget_usd
     if budget is None or not ctx.last_prices:
         return None
-    rate = accounting.burn_rate_usd_per_hour(ctx.store.instances(s, job.job_id, alive_only=True), ctx.last_prices)
+    rate = accounting.burn_rate_usd_per_hour(ctx.store.instances(s, job.job_id, alive_only=True),
+                                            price_caps(ctx.last_prices, ctx.prices_seen_on_change))
     if rate <= 0:
         return None
     left_s = (budget - job.cost_usd) / rate * 3600.0 - guard_horizon_s(ctx)

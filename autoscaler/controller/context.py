@@ -128,6 +128,10 @@ class Context:
     market: MarketWatcher = dataclasses.field(default_factory=MarketWatcher)
     # Prices of the last successful offerings() call, for the budget guard of a tick whose cloud calls fail.
     last_prices: dict[str, tuple[float, float | None]] = dataclasses.field(default_factory=dict)
+    # Offerings whose every price change wakes the controller at that moment (the simulator's loop for
+    # the markets it watches): the guard reserves their spot instances at the last price seen; any
+    # other's price may rise unseen between two ticks, so it reserves them at their cap (budget.py).
+    prices_seen_on_change: frozenset[str] = frozenset()
     ticks: int = 0
     last_tick_s: float = 0.0
     # job_id -> (gang attempt, controller-clock time its training first moved)

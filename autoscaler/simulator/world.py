@@ -94,6 +94,7 @@ class World:
         ctx.scaling_of = lambda job_id, spec: self._scaling.get(job_id)
         keys = list(watch_keys) if watch_keys is not None else None
         self._change_times = _change_times(trace, keys)
+        ctx.prices_seen_on_change = frozenset(keys if keys is not None else trace.keys)  # each change wakes it
         watch = market_watch or MarketWatch(trace, keys if keys is not None else trace.keys)
         ctx.market.seed(watch.watches_at(start_s))
         self._finished: dict[str, float] = {}
