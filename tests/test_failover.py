@@ -108,7 +108,8 @@ def test_the_standby_takes_over_when_the_leader_is_sigkilled(spotrain_home: Path
         assert roles == ["leader", "standby"], roles  # `spotrain controller status` says which is which
 
         # Writes at the standby go to the database; the leader picks the job up.
-        r = cli(home_b, "submit", str(write_pw_spec(tmp_path, name="ha")), "--json")
+        # One worker, so that no rescale can have the gang between attempts when the leader is killed.
+        r = cli(home_b, "submit", str(write_pw_spec(tmp_path, name="ha", workers="{min: 1, max: 1}")), "--json")
         assert r.returncode == 0, r.stderr
         job_id = json.loads(r.stdout.strip().splitlines()[-1])["job_id"]
         deadline = time.time() + 90

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import time
 from collections.abc import Collection, Iterator
@@ -52,6 +53,24 @@ def _private_sqlite_file(url: str) -> None:
             os.chmod(p, 0o600)
 
 
+@contextlib.contextmanager
+def _sqlite_schema_lock(url: str) -> Iterator[None]:
+    """One process at a time makes or evolves a SQLite file's schema. SQLite's DDL through the driver
+    is not one transaction: a second process opening the same new database (`spotrain run` and
+    `spotrain status`, say) created a table between this one's check and its CREATE ("table jobs
+    already exists"). PostgreSQL has its advisory lock instead (``_make_schema``)."""
+    database = make_url(url).database if url.startswith("sqlite") else None
+    if not database or database == ":memory:" or database.startswith("file:") or not Path(database).parent.is_dir():
+        yield
+        return
+    fd = os.open(f"{database}.schema-lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 class Database:
     """An engine and transactional sessions over some of the state tables (all of them by default)."""
 
@@ -65,6 +84,11 @@ class Database:
         self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite)
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        with _sqlite_schema_lock(url):
+            self._make_schema(tables, ddl)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _make_schema(self, tables: list[Table] | None, ddl: tuple[str, ...]) -> None:
         with self.engine.begin() as conn:
             if self.engine.dialect.name == "postgresql":
                 # Controllers of one fleet may start together: one at a time makes or evolves the
@@ -74,7 +98,6 @@ class Database:
             self._add_missing_columns(conn, tables)
             for statement in ddl:
                 conn.execute(text(statement))
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def _add_missing_columns(self, conn: Connection, tables: list[Table] | None) -> None:
         """Additive schema evolution: a database written by an older spotrain gets the columns added
