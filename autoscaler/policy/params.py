@@ -71,12 +71,24 @@ class PolicyParams:
     # Float tolerance on the slack: a gang that entered spot with exactly the Safety Net's slack must
     # not be moved off it by rounding. Seconds.
     slack_tolerance_s: float = _f(1.0, 0.0, 60.0)
+    # Slack kept, beyond the reserve's restart cycles, for the time no eligible spot market has room
+    # (several markets; the fallback time x the chance all are out at once), as a multiple of that
+    # expectation, tapered to zero as the restart overhead d reaches two decision intervals (with
+    # cheap restarts riding such outages out on demand costs little). Multiple.
+    outage_reserve: float = _f(0.7, 0.0, 100.0)
     # With slack to spare, wait for a spot offering this much cheaper per unit of work than the best
     # one with room now. Share (0.05 = 5 % cheaper).
     wait_premium: float = _f(0.05, 0.0, 10.0)
     # ... and only when its mean outage, this many times over (outages are heavy-tailed), still leaves
     # the slack above the reserve. Multiple of the mean outage.
-    outage_margin: float = _f(2.0, 0.0, 100.0)
+    outage_margin: float = _f(1.5, 0.0, 100.0)
+    # ... and only when what waiting saves (the price gap, plus a restart over the expected outage:
+    # the alternative is to start now and move when the cheaper one is back) beats the value of
+    # the slack it spends: this many times the time the rest of the work needs on the fallback
+    # over the slack to spare above the reserve (slack is dear when there is little per hour of
+    # work left). Share of the spot price per hour of slack, at one hour of fallback per hour of
+    # spare slack.
+    wait_slack_value: float = _f(0.05, 0.0, 10.0)
     # At the reserve, on-demand is left for spot with less slack than a full cycle only for an
     # availability run at least this old (Lindy: old runs outlast the restarts). Hours.
     established_run_h: float = _f(2.0, 0.0, 1000.0)
@@ -160,8 +172,10 @@ TUNING_RANGES: dict[str, Range | None] = {
     "capacity_backoff_s": Range(60.0, 3600.0, log=True),
     "safety_net_restarts": Range(1.0, 4.0),
     "slack_tolerance_s": None,
+    "outage_reserve": Range(0.0, 3.0),
     "wait_premium": Range(0.0, 0.5),
     "outage_margin": Range(0.5, 8.0),
+    "wait_slack_value": Range(0.0, 0.3),
     "established_run_h": Range(0.0, 12.0),
     "od_release_cycles": Range(0.0, 6.0),
     "switch_margin": Range(0.5, 12.0),

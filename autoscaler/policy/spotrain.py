@@ -21,9 +21,11 @@ Per job (``plan_job``):
      slack >= d + lag + lost work: a preemption then still leaves time for the fallback).
    - Reserve = Safety-Net margin + one restart cycle per expected preemption over the rest of the work
      (a cycle is 2d + lag through on-demand with one spot offering, d + lag failing over to another
-     with several; d is the job's measured restart overhead). Above the reserve the job only takes
+     with several; d is the job's measured restart overhead; with several markets and cheap restarts,
+     plus slack for the time none has room). Above the reserve the job only takes
      spot and otherwise waits (waiting costs slack, nothing else: greedy's strength), and waits for a
-     clearly cheaper offering when its expected outage fits in the slack to spare. At the reserve it
+     clearly cheaper offering when its expected outage fits in the slack to spare and the saving beats
+     what that slack is worth. At the reserve it
      progresses now: spot when any has room, else on-demand, and leaves on-demand for spot only while
      the slack still covers one more cycle and the expected spot life passes the paper's lifetime
      test (section 5.4). The reserve shrinks with d and with the work left, so cheap restarts mean
@@ -84,7 +86,7 @@ def market_view(o: Offering, h: MarketHistory | None) -> MarketView:
         avail = h.available_s_at_least[0] if h.available_s_at_least else 0.0
         ev = hz.HazardEvidence(held_hours=h.spot_seconds_held / 3600, preemptions=h.preemptions,
                                watched_hours=h.watched_s / 3600, available_hours=avail / 3600, drops=h.drops)
-    return MarketView(hz.hazard_per_hour(ev), hz.mean_outage_hours(ev) * 3600)
+    return MarketView(hz.hazard_per_hour(ev), hz.mean_outage_hours(ev) * 3600, hz.available_fraction(ev))
 
 
 class _KeyedOffering(Offering):

@@ -41,6 +41,8 @@ class MarketView:
 
     hazard_per_hour: float
     mean_outage_s: float
+    # Share of the watched time the market had room (``cost_models.hazard.available_fraction``).
+    available_fraction: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

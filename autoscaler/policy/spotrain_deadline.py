@@ -57,6 +57,7 @@ def deadline_state(ctx: PlanContext, fallback_rate: float) -> DeadlineState:
         return DeadlineState("free", NORMAL, fallback_rate, safety)
     slack = objective.slack_s(now, deadline, ctx.w_rem, fallback_rate)
     reserve = reserve_s(ctx.usable, ctx.views, objective.fallback_time_s(ctx.w_rem, fallback_rate), ctx.d, ctx.lag, safety)
+    reserve += outage_reserve_s(ctx, objective.fallback_time_s(ctx.w_rem, fallback_rate))
     if slack < safety:
         return DeadlineState("safety-net", URGENT, fallback_rate, safety, slack, reserve)
     if slack <= reserve + ctx.params.slack_tolerance_s:
@@ -80,6 +81,21 @@ def reserve_s(options: Sequence[Offering], views: Mapping[str, MarketView], fall
     # restart); with one, it goes through on-demand (two).
     cycle = (d + lag) if len(hazards) > 1 else (2.0 * d + lag)
     return safety + preemptions * cycle
+
+
+def outage_reserve_s(ctx: PlanContext, fallback_s: float) -> float:
+    """Slack for the outages of every eligible spot market at once, when there are several: the
+    fallback time times the chance that none has room (the market watch's availability), times
+    ``outage_reserve``, tapered to nothing as the restart overhead reaches two decision intervals.
+    Waiting through such an outage spends slack; once the slack is down to the Safety Net the job
+    cannot afford the restarts back to spot and sits on demand to the end, so a job with cheap
+    restarts is better off riding such outages out on demand (two restarts) while it still has slack
+    to come back."""
+    fracs = [ctx.views[o.key].available_fraction for o in ctx.usable if o.key in ctx.views]
+    taper = max(0.0, 1.0 - ctx.d / (2.0 * ctx.lag)) if ctx.lag > 0 else 0.0
+    if len(fracs) < 2 or taper <= 0 or ctx.params.outage_reserve <= 0:
+        return 0.0
+    return ctx.params.outage_reserve * taper * math.prod(1.0 - f for f in fracs) * fallback_s
 
 
 def deadline_filter(ctx: PlanContext, scored: list[Candidate], st: DeadlineState) -> tuple[list[Candidate], str, float | None]:
@@ -150,9 +166,20 @@ def _ahead(ctx: PlanContext, scored: list[Candidate], st: DeadlineState) -> tupl
         reason = "slack just above the reserve: stays on demand until spot has room"
     if allowed and (not ctx.cur or ctx.job.restarting):
         best_now = min(c.price_usd_per_hour / c.rate for c in allowed)
-        cheaper = [(ctx.views[o.key].mean_outage_s, o) for o in ctx.usable if o.key in ctx.views and o.spot_price_usd_per_hour is not None
-                   and spot_price_per_work(o, ctx.scaling) < best_now / (1.0 + p.wait_premium)]
-        wait_s = min((w for w, _ in cheaper), default=math.inf)
+        spare_s = st.slack_s - st.reserve_s
+        # What an hour of slack is worth, as a share of the spot price: more when the slack to spare
+        # is small against the work left (wait_slack_value x fallback time / spare slack).
+        slack_value = p.wait_slack_value * objective.fallback_time_s(ctx.w_rem, st.fallback_rate) / max(spare_s, 1.0)
+        cheaper = []
+        for o in ctx.usable:
+            if o.key not in ctx.views or o.spot_price_usd_per_hour is None:
+                continue
+            price, out_s = spot_price_per_work(o, ctx.scaling), ctx.views[o.key].mean_outage_s
+            # Waiting out_s for o, or taking the best now and moving to o when it is back (a
+            # restart, and the premium meanwhile): wait when that costs more than the slack.
+            if price < best_now / (1.0 + p.wait_premium) and best_now / price - 1.0 + d / max(out_s, 1.0) > slack_value:
+                cheaper.append(out_s)
+        wait_s = min(cheaper, default=math.inf)
         if st.slack_s - p.outage_margin * wait_s > st.reserve_s + 2.0 * d + lag:
             allowed = []
             reason = "slack above the reserve: waiting for a cheaper spot offering"
