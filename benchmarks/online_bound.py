@@ -8,7 +8,9 @@ next to omniscient, uniform-progress and spotrain. What separates it from omnisc
 knowing the future; no online policy can be expected to close that part of the gap.
 
     python benchmarks/online_bound.py [--starts N] [--zones K] [--fractions 0.6,0.8,0.9]
-                                      [--restart-min D] [--seed S] [--procs P]
+                                      [--restart-min D] [--seed S] [--procs P] [--scenario single]
+
+``--scenario single`` runs policy_cost's "single-zone, 1 GPU" rows instead (one zone: seconds).
 
 Memory and time grow as (2 x buckets)^zones x slack (the slack is largest at fraction 0.6): 3 zones
 take about 4 minutes and 2 GB in all; 4 zones (the whole benchmark market) 5, 11 and 27 minutes at
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
 from autoscaler.simulator.online_bound import AGE_EDGES, OnlineDP, OnlineDPPolicy, trace_history  # noqa: E402
-from autoscaler.simulator.tracegen import MULTI_ZONE, ZoneSpec, generate_rows  # noqa: E402
+from autoscaler.simulator.tracegen import MULTI_ZONE, SINGLE_ZONE, ZoneSpec, generate_rows  # noqa: E402
 from cloud_providers.local.market import MarketTrace, write_trace  # noqa: E402
 
 # Shared with the forked workers.
@@ -59,12 +61,16 @@ def main() -> None:
     ap.add_argument("--restart-min", type=int, default=12)
     ap.add_argument("--seed", type=int, default=None, help="trace seed (default: policy_cost's)")
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--scenario", choices=("multi", "single"), default="multi",
+                    help="policy_cost's 4-zone market (default) or its single-zone one")
     args = ap.parse_args()
-    scen = pc.SCENARIOS["4 zones / 2 clouds, 1 GPU"]
+    single = args.scenario == "single"
+    scen = pc.SCENARIOS["single-zone, 1 GPU" if single else "4 zones / 2 clouds, 1 GPU"]
+    market = SINGLE_ZONE if single else MULTI_ZONE
     seed = scen["seed"] if args.seed is None else args.seed
     all_rows = generate_rows(scen["zones"], hours=pc.TRACE_DAYS * 24, seed=seed)
-    spot_price = {z.zone: float(np.mean([r[7] for r in all_rows if r[3] == z.zone and r[9] > 0])) for z in MULTI_ZONE}
-    zones: list[ZoneSpec] = sorted(MULTI_ZONE, key=lambda z: spot_price[z.zone])[: max(1, min(4, args.zones))]
+    spot_price = {z.zone: float(np.mean([r[7] for r in all_rows if r[3] == z.zone and r[9] > 0])) for z in market}
+    zones: list[ZoneSpec] = sorted(market, key=lambda z: spot_price[z.zone])[: max(1, min(len(market), args.zones))]
     names = [z.zone for z in zones]
     rows = [r for r in all_rows if r[3] in names]
     sim = Simulation(MarketTrace.parse(write_trace(rows), source="benchmark market, cheapest zones"), pc._spec(scen, 0.6))
