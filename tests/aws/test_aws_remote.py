@@ -142,7 +142,9 @@ def test_quickstart_runs_on_agents_and_survives_an_imds_spot_interruption(
         text = text.replace(old, new)
     spec.write_text(text)
     # What the machines' processes inherit: SPOTRAIN_HOME marks them as this test's (worker_pids).
-    machine_env = {**os.environ, "SPOTRAIN_HOME": str(spotrain_home), "QUICKSTART_EPOCHS": "3",
+    # 8 epochs (a few seconds of training): on a quiet machine 3 were over before the agent, polling its
+    # IMDS every 0.2 s, had relayed the notice, and the interrupted machine never had to die.
+    machine_env = {**os.environ, "SPOTRAIN_HOME": str(spotrain_home), "QUICKSTART_EPOCHS": "8",
                    "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     machines: dict[str, Machine] = {}
     interrupted: Machine | None = None
@@ -175,7 +177,7 @@ def test_quickstart_runs_on_agents_and_survives_an_imds_spot_interruption(
                         if state == "running" and iid not in machines:
                             machines[iid] = boot(iid, tmp_path / "machines", machine_env)
                 if interrupted is None:
-                    # The Quickstart trains for a second or two: give the notice to rank 0's machine as
+                    # The Quickstart trains for a few seconds: give the notice to rank 0's machine as
                     # soon as it has begun (its progress file appeared), through that machine's IMDS.
                     started = [m for m in machines.values() if m.training(1)]
                     if started:
