@@ -154,3 +154,23 @@ def test_a_bad_params_file_is_one_line_naming_the_field(name: str, files: tuple[
         rc, out, err = cli(capsys, *argv, "--policy-params", str(path))
         assert rc != 0 and out == ""
         assert len(err.strip().splitlines()) == 1 and message in err and name in err, err
+
+
+def test_tune_with_several_markets_combines_them_and_a_miss_anywhere_is_infeasible() -> None:
+    """The shipped defaults' study (``benchmarks/tune_defaults.py``): the mean over markets of each
+    one's mean, every miss among them; the defaults are trial 0 and an in-memory study needs no file."""
+    from autoscaler.policy.tuning import INFEASIBLE, Score, combine, objective_value, tune_with
+
+    a, b = Score(0.3, 0.4, 0, 5), Score(0.5, 0.8, 0, 7)
+    both = combine([a, b])
+    assert (both.mean_cost_ratio, both.p90_cost_ratio, both.misses, both.runs) == (pytest.approx(0.4), pytest.approx(0.6), 0, 12)
+    assert objective_value(combine([a, Score(0.2, 0.2, 2, 5)])) == INFEASIBLE + 2
+    seen: list[PolicyParams] = []
+
+    def evaluate(p: PolicyParams) -> Score:
+        seen.append(p)
+        return combine([a, b]) if p == DEFAULT_PARAMS else Score(0.9, 0.9, 1, 12)
+
+    res = tune_with(evaluate, trials=3, seed=0, storage=None, study_name="t")
+    assert seen[0] == DEFAULT_PARAMS and len(seen) == 3
+    assert res.best == DEFAULT_PARAMS and res.best_value == pytest.approx(0.4) and res.infeasible_trials == 2

@@ -121,9 +121,9 @@ def suggest(trial: Any) -> PolicyParams:
     return PolicyParams.from_mapping(values)
 
 
-def default_point() -> dict[str, float | int]:
-    """The defaults as a trial (the searched fields only), enqueued first in a new study."""
-    return {k: getattr(DEFAULT_PARAMS, k) for k, r in TUNING_RANGES.items() if r is not None}
+def default_point(params: PolicyParams = DEFAULT_PARAMS) -> dict[str, float | int]:
+    """The defaults (or ``params``) as a trial (the searched fields only), enqueued first in a new study."""
+    return {k: getattr(params, k) for k, r in TUNING_RANGES.items() if r is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,20 +135,35 @@ class TuneResult:
     study_name: str
 
 
+def combine(scores: Sequence[Score]) -> Score:
+    """Several markets' scores as one (the shipped defaults' study, ``benchmarks/tune_defaults.py``):
+    the mean over them of each one's mean (and p90) cost / on-demand, every miss among them."""
+    return Score(float(np.mean([s.mean_cost_ratio for s in scores])), float(np.mean([s.p90_cost_ratio for s in scores])),
+                 sum(s.misses for s in scores), sum(s.runs for s in scores))
+
+
 def tune(sim: Simulation, job: SimJob, starts: Sequence[float], *, trials: int, seed: int, storage: str, study_name: str,
          on_trial: Callable[[int, float], None] | None = None) -> TuneResult:
     """Run ``trials`` more trials of a seeded-TPE study (created, or resumed from ``storage``) and return
     the best parameters found over all its trials."""
+    return tune_with(lambda p: score(sim, job, p, starts), trials=trials, seed=seed, storage=storage, study_name=study_name,
+                     on_trial=on_trial)
+
+
+def tune_with(evaluate: Callable[[PolicyParams], Score], *, trials: int, seed: int, storage: str | None, study_name: str,
+              on_trial: Callable[[int, float], None] | None = None, first: PolicyParams = DEFAULT_PARAMS) -> TuneResult:
+    """``tune`` for any evaluation of a parameters object (one market's ``score``, or several
+    ``combine``d); ``storage`` None keeps the study in memory; ``first`` is a new study's trial 0."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=seed + len(_done(optuna, study_name, storage))))
     if not study.trials:
-        study.enqueue_trial(default_point())
+        study.enqueue_trial(default_point(first))
 
     def objective(trial: Any) -> float:
-        s = score(sim, job, suggest(trial), starts)
+        s = evaluate(suggest(trial))
         trial.set_user_attr("mean_cost_over_on_demand", s.mean_cost_ratio)
         trial.set_user_attr("deadline_misses", s.misses)
         v = objective_value(s)
@@ -164,9 +179,11 @@ def tune(sim: Simulation, job: SimJob, starts: Sequence[float], *, trials: int, 
                       infeasible_trials=len([d for d in done if d[0] >= INFEASIBLE]), study_name=study_name)
 
 
-def _done(optuna: Any, study_name: str, storage: str) -> list[Any]:
+def _done(optuna: Any, study_name: str, storage: str | None) -> list[Any]:
     """The finished trials of an existing study (none for a new one): a resumed study's sampler is
     seeded past them, so resuming does not replay the first run's proposals."""
+    if storage is None:
+        return []
     try:
         return [t for t in optuna.load_study(study_name=study_name, storage=storage).trials if t.value is not None]
     except KeyError:
