@@ -174,3 +174,28 @@ def test_tune_with_several_markets_combines_them_and_a_miss_anywhere_is_infeasib
     res = tune_with(evaluate, trials=3, seed=0, storage=None, study_name="t")
     assert seen[0] == DEFAULT_PARAMS and len(seen) == 3
     assert res.best == DEFAULT_PARAMS and res.best_value == pytest.approx(0.4) and res.infeasible_trials == 2
+
+
+def test_the_defaults_study_guards_every_cell_within_its_tolerance() -> None:
+    """``benchmarks/tune_defaults.py``: ``--guard`` refuses a trial worse than the hand defaults in a
+    3-minute cell at all, ``--guard-all-cells TOL`` one worse by more than TOL in any cell."""
+    import sys
+    from pathlib import Path
+
+    from autoscaler.policy.tuning import Score
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from tune_defaults import CELLS, GUARDED, HAND_DEFAULTS, guard_excess
+
+    assert HAND_DEFAULTS == DEFAULT_PARAMS  # the study confirmed them: docs/policy.md
+
+    hand = [Score(0.4, 0.5, 0, 20) for _ in CELLS]
+    worse = [i for i in range(len(CELLS)) if i not in GUARDED][0]
+    s = list(hand)
+    s[worse] = Score(0.4 * 1.004, 0.5, 0, 20)  # 0.4 % dearer in a 12-minute cell
+    assert guard_excess(s, hand, guard=True, all_cells=None) == 0.0
+    assert guard_excess(s, hand, guard=True, all_cells=0.005) == 0.0  # feasible
+    assert guard_excess(s, hand, guard=False, all_cells=0.003) == pytest.approx(0.001)
+    s[GUARDED[0]] = Score(0.4 * 1.001, 0.5, 0, 20)  # a 3-minute cell 0.1 % dearer
+    assert guard_excess(s, hand, guard=True, all_cells=None) == pytest.approx(0.001)
+    assert guard_excess(s, hand, guard=False, all_cells=0.005) == 0.0
