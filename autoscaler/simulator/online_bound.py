@@ -20,7 +20,8 @@ where the simulator drops them (the program is slightly pessimistic there; repla
 tuned to that trace can do a little better by luck. ``OnlineDPPolicy`` replays it through the
 simulator reading only the trace's past, so its figures come from the same accounting as every
 other policy's. Memory and time grow as
-(2 x buckets)^zones x slack: fine for up to 3 zones, minutes and gigabytes for 4.
+(2 x buckets)^zones x slack: fine for up to 3 zones, minutes and gigabytes for 4. The market model
+itself (``zone_transitions``) is ``cost_models.online_dp``'s, shared with the planner.
 """
 
 from __future__ import annotations
@@ -33,49 +34,12 @@ import numpy as np
 
 from cloud_providers.base import ON_DEMAND, SPOT
 from cloud_providers.local.market import MarketTrace
+from cost_models.online_dp import AGE_EDGES, INFEASIBLE, TICK_MIN, age_bucket, zone_transitions
 
 from ..policy.base import Allocation, Placement, PolicyInput
 from ..policy.jobmath import remaining_work
 
-TICK_MIN = 5
-# Lower edges (ticks) of the age buckets of a run or an outage; the last one is open.
-AGE_EDGES = (0, 1, 3, 12, 48)
-UP_SHAPE, DOWN_SHAPE = 1.5, 2.0
-INFEASIBLE = 1e9
-
-
-def age_bucket(age_ticks: int, edges: Sequence[int] = AGE_EDGES) -> int:
-    return bisect.bisect_right(edges, age_ticks) - 1
-
-
-def _survival(x_ticks: float, mean_ticks: float, shape: float) -> float:
-    scale = mean_ticks * (shape - 1.0)
-    return float((1.0 + x_ticks / scale) ** -shape)
-
-
-def zone_transitions(mean_up_h: float, mean_down_h: float, edges: Sequence[int] = AGE_EDGES) -> np.ndarray:
-    """One zone's tick-to-tick transition matrix over (up, bucket) then (down, bucket) states.
-    A run's length in ticks is max(1, round(X)) for a Lomax X (tracegen's rounding), so at age a the
-    chance it ends at the next tick is 1 - S(a + 1.5) / S(a + 0.5), 1 - S(1.5) at age 0; a bucket
-    of width w is left for the next one with probability 1 / w per tick (its midpoint's hazard)."""
-    nb = len(edges)
-    P = np.zeros((2 * nb, 2 * nb))
-    per_tick = 60 // TICK_MIN
-    for side, (mean_h, shape) in enumerate(((mean_up_h, UP_SHAPE), (mean_down_h, DOWN_SHAPE))):
-        for b in range(nb):
-            lo = edges[b]
-            hi = edges[b + 1] if b + 1 < nb else None
-            a = lo * 1.5 if hi is None else (lo if hi - lo == 1 else (lo + hi - 1) / 2)
-            s_a = 1.0 if a < 0.5 else _survival(a + 0.5, mean_h * per_tick, shape)
-            p_end = 1.0 - _survival(a + 1.5, mean_h * per_tick, shape) / s_a
-            me, flip = side * nb + b, (1 - side) * nb
-            P[me, flip] += p_end
-            advance = 0.0 if hi is None else 1.0 / (hi - lo)
-            if advance > 0:
-                P[me, me + 1] += (1 - p_end) * advance
-            P[me, me] += (1 - p_end) * (1 - advance)
-    return P
-
+__all__ = ["AGE_EDGES", "OnlineDP", "OnlineDPPolicy", "age_bucket", "trace_history", "zone_transitions"]
 
 class OnlineDP:
     """The solved program for one 1-instance job: ``zones`` are (spot USD/hour, mean run hours, mean
