@@ -44,6 +44,7 @@ from cost_models.online_dp import PLANNER_EDGES, TICK_MIN, MarketModel, Program,
 
 from ..policy.base import Allocation, Placement, PolicyInput
 from ..policy.jobmath import remaining_work
+from .online_bound import trace_history
 
 DAY_S = 86400.0
 
@@ -53,16 +54,13 @@ class MarketPast:
     that started with the trace has seen)."""
 
     def __init__(self, trace: MarketTrace, key: str) -> None:
-        self.flip_s: list[float] = []  # times the market went from room to none or back
-        self.up: list[bool] = []
+        # Times the market went from room to none or back: what the online bound reads too.
+        self.flip_s, rooms = trace_history(trace, [key])[key]
+        self.up = [room > 0 for room in rooms]
         self.price_s: list[float] = []
         self.price: list[float] = []
         for t in trace.change_times():
             o = trace.offering_at(key, t)
-            room = (o.spot_available or 0) > 0
-            if not self.up or room != self.up[-1]:
-                self.flip_s.append(t)
-                self.up.append(room)
             if o.spot_price_usd_per_hour is not None and (not self.price or self.price[-1] != o.spot_price_usd_per_hour):
                 self.price_s.append(t)
                 self.price.append(float(o.spot_price_usd_per_hour))
