@@ -67,7 +67,7 @@ def start_controller(home: Path, *args: str, env: dict[str, str] | None = None) 
         stderr=open(home / "controller.log", "ab"), text=True,
     )
     info = home / "controller.json"
-    for _ in range(100):
+    for _ in range(300):  # 30 s: a loaded 2-core CI machine has taken over 10 s to import and bind
         if info.exists() and json.loads(info.read_text())["pid"] == proc.pid:
             return proc
         if proc.poll() is not None:

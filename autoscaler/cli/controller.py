@@ -99,7 +99,9 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     actual_port = sock.getsockname()[1]
     url = f"http://{host}:{actual_port}"
-    agents, advertise_url = agent_listener(executor, host=host, port=actual_port, advertise_url=advertise_url)
+    # The requested port, not the bound one: with --port 0 the agents get a free port of their own too
+    # (actual + 1 may be taken; a race seen in CI).
+    agents, advertise_url = agent_listener(executor, host=host, port=port, advertise_url=advertise_url)
     store = Store(db_url())
     from cloud_providers.errors import ProviderError
 

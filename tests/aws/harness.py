@@ -24,6 +24,7 @@ A spot interruption is delivered as EC2 delivers one, in two steps:
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -33,7 +34,7 @@ from typing import Any
 import boto3
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2 import ec2_backends
-from moto.ec2.models.instances import StateReason
+from moto.ec2.models.instances import Instance, StateReason
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
 from cloud_providers.aws.instances import SPOT_TERMINATION, TAG_INTERRUPTION
@@ -147,15 +148,37 @@ def mark_spot_interruption(
     return deadline_s
 
 
+def _terminate_once(terminate: Callable[[Instance], Any]) -> Callable[[Instance], Any]:
+    """EC2's TerminateInstances on an instance already terminated succeeds and changes nothing; moto's
+    sets the state reason again to ``Client.UserInitiatedShutdown``, which would hide a spot
+    termination from the provider when the controller releases an instance the cloud already took."""
+
+    def once(self: Instance) -> Any:
+        if self._state.name == "terminated":
+            return copy.copy(self._state)
+        return terminate(self)
+
+    once.__wrapped__ = terminate  # type: ignore[attr-defined]
+    return once
+
+
+if not hasattr(Instance.terminate, "__wrapped__"):
+    Instance.terminate = _terminate_once(Instance.terminate)  # type: ignore[method-assign]
+
+
 def complete_spot_interruption(
     instance_id: str, *, region: str = "us-east-1", account_id: str = DEFAULT_ACCOUNT_ID
-) -> None:
-    """Terminate the instance as EC2 does when it takes a spot instance back."""
+) -> bool:
+    """Terminate the instance as EC2 does when it takes a spot instance back; False (nothing done) if it
+    was terminated already (the controller released it first)."""
     instance = ec2_backends[account_id][region].get_instance(instance_id)
+    if instance._state.name == "terminated":
+        return False
     instance.terminate()
     instance.state_reason = StateReason(f"{SPOT_TERMINATION}: Spot instance termination", SPOT_TERMINATION)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     instance._reason = f"Service initiated ({stamp} GMT)"
+    return True
 
 
 def deliver_spot_interruption(
