@@ -36,10 +36,11 @@ from cloud_providers.base import ON_DEMAND, SPOT
 from cloud_providers.local.market import MarketTrace
 from cost_models.online_dp import AGE_EDGES, INFEASIBLE, TICK_MIN, age_bucket, zone_transitions
 
-from ..policy.base import Allocation, Placement, PolicyInput
+from ..policy.base import Allocation, JobView, Placement, PolicyInput
 from ..policy.jobmath import remaining_work
 
-__all__ = ["AGE_EDGES", "OnlineDP", "OnlineDPPolicy", "age_bucket", "trace_history", "zone_transitions"]
+__all__ = ["AGE_EDGES", "OnlineDP", "OnlineDPPolicy", "age_bucket", "ticks_and_slack", "trace_history",
+           "zone_transitions"]
 
 class OnlineDP:
     """The solved program for one 1-instance job: ``zones`` are (spot USD/hour, mean run hours, mean
@@ -113,6 +114,18 @@ class OnlineDP:
         self.value = prev
 
 
+
+def ticks_and_slack(job: JobView, now_s: float, restart_s: float, last_move_s: float, who: str) -> tuple[int, int]:
+    """(decision ticks to the deadline, minutes of slack) of a 1-instance job, as the programs count
+    them: the work left in whole minutes, with the restart overhead still to run since the last move."""
+    if job.deadline_s is None:
+        raise ValueError(f"{who} is defined for jobs with a deadline")
+    t = int(round((job.deadline_s - now_s) / (TICK_MIN * 60)))
+    overhead_left = max(0.0, restart_s - (now_s - last_move_s))
+    work = math.ceil((remaining_work(job) + overhead_left) / 60 - 1e-6)
+    return t, TICK_MIN * t - work
+
+
 class OnlineDPPolicy:
     """Replays an ``OnlineDP`` in the simulator (one fixed 1-instance job with a deadline). Zone states
     come from ``trace_history`` read up to now, never later; the restart overhead still to run from
@@ -126,12 +139,7 @@ class OnlineDPPolicy:
 
     def decide(self, inp: PolicyInput) -> list[Allocation]:
         job, now = inp.jobs[0], inp.now_s
-        if job.deadline_s is None:
-            raise ValueError("the online bound is defined for jobs with a deadline")
-        t = int(round((job.deadline_s - now) / (TICK_MIN * 60)))
-        overhead_left = max(0.0, self.restart_s - (now - self.last_move_s))
-        work = math.ceil((remaining_work(job) + overhead_left) / 60 - 1e-6)
-        slack = TICK_MIN * t - work
+        t, slack = ticks_and_slack(job, now, self.restart_s, self.last_move_s, "the online bound")
         pos = 0
         for h in job.held:
             # Where the job is: what it holds (a preempted instance is no longer held; one the last

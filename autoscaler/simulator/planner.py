@@ -43,8 +43,7 @@ from cost_models.hazard import HazardEvidence, hazard_per_hour, mean_outage_hour
 from cost_models.online_dp import PLANNER_EDGES, TICK_MIN, MarketModel, Program, market_state
 
 from ..policy.base import Allocation, Placement, PolicyInput
-from ..policy.jobmath import remaining_work
-from .online_bound import trace_history
+from .online_bound import ticks_and_slack, trace_history
 
 DAY_S = 86400.0
 
@@ -130,12 +129,7 @@ class PlannerPolicy:
 
     def decide(self, inp: PolicyInput) -> list[Allocation]:
         job, now = inp.jobs[0], inp.now_s
-        if job.deadline_s is None:
-            raise ValueError("the planner is defined for jobs with a deadline")
-        t = int(round((job.deadline_s - now) / (TICK_MIN * 60)))
-        overhead_left = max(0.0, self.restart_s - (now - self.last_move_s))
-        work = math.ceil((remaining_work(job) + overhead_left) / 60 - 1e-6)
-        slack = TICK_MIN * t - work
+        t, slack = ticks_and_slack(job, now, self.restart_s, self.last_move_s, "the planner")
         where: str | None = None
         for h in job.held:
             where = ON_DEMAND if h.market == ON_DEMAND else h.offering_key
