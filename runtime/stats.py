@@ -10,6 +10,10 @@ samples) and their mean ``g``:
 
 as in AdaptDL's ``GradientNoiseScale`` (Qiao et al., "Pollux", OSDI'21; Johnson et al.,
 "AdaScale SGD", ICML'20), smoothed by a bias-corrected EMA with factor ``smoothing ** (B/M0)``.
+The EMA averages the raw estimates and clamps only what it reports (``grad_sqr`` >= 0), as AdaptDL does:
+one step's ``grad_sqr`` is the difference of two large numbers and is often negative when the noise
+scale is large next to the batch; clamping each step at 0 before averaging biased |G|^2 upwards and the
+noise scale downwards (a true 50,000 at batch 64 read as ~2,300; tests/runtime/test_noise_scale.py).
 ``grad_var`` is at the initial batch size so that ``cost_models.goodput.efficiency`` reads
 ``(var/sqr*M0 + M0) / (var/sqr*M0 + M)`` = (phi + M0)/(phi + M) with phi the noise scale in samples.
 ``estimate`` needs K >= 2 (it returns None for K = 1). With one logical worker, ``ConsecutiveSteps``
@@ -29,7 +33,8 @@ import numpy as np
 
 def estimate(*, local_sqr: float, total_sqr: float, logical_workers: int, global_batch_size: int,
              init_batch_size: int) -> tuple[float, float] | None:
-    """One step's (grad_sqr, grad_var) estimate, or None when K = 1."""
+    """One step's raw (grad_sqr, grad_var) estimate, or None when K = 1. ``grad_sqr`` may be negative: it is
+    unbiased only unclamped, so average it first (``GradientNoiseStats``) and clamp after."""
     k = logical_workers
     if k < 2:
         return None
@@ -37,7 +42,7 @@ def estimate(*, local_sqr: float, total_sqr: float, logical_workers: int, global
     grad_sqr = (k * total_sqr - local_sqr) / (k - 1)
     var_micro = (local_sqr - total_sqr) * k / (k - 1)
     grad_var = var_micro * micro / init_batch_size
-    return max(grad_sqr, 0.0), max(grad_var, 1e-12)
+    return grad_sqr, grad_var
 
 
 def estimate_consecutive(*, prev_sqr: float, cur_sqr: float, mean_sqr: float, batch_size: int,
@@ -92,12 +97,22 @@ class ConsecutiveSteps:
 
 @dataclass
 class GradientNoiseStats:
+    """Bias-corrected EMA of raw per-step estimates; ``grad_sqr`` / ``grad_var`` clamp the averages.
+
+    The state (``state_dict``) is the one it always was; a checkpoint written before the estimates were
+    averaged raw holds an average of clamped ones, which loads as it is and is diluted by new steps.
+    """
+
     smoothing: float = 0.999
     sqr_biased: float = 0.0
     var_biased: float = 0.0
     unbias: float = 0.0
 
     def update(self, sqr: float, var: float, batch_scale: float) -> None:
+        """Add one raw estimate that stands for ``batch_scale`` steps at the initial batch. A non-finite
+        one (a mixed-precision overflow) is skipped, as AdaptDL skips it, so it cannot poison the average."""
+        if not (np.isfinite(sqr) and np.isfinite(var) and np.isfinite(batch_scale)):
+            return
         theta = self.smoothing ** batch_scale
         self.sqr_biased = theta * self.sqr_biased + (1 - theta) * sqr
         self.var_biased = theta * self.var_biased + (1 - theta) * var
@@ -105,11 +120,11 @@ class GradientNoiseStats:
 
     @property
     def grad_sqr(self) -> float | None:
-        return self.sqr_biased / self.unbias if self.unbias > 0 else None
+        return max(self.sqr_biased / self.unbias, 0.0) if self.unbias > 0 else None
 
     @property
     def grad_var(self) -> float | None:
-        return self.var_biased / self.unbias if self.unbias > 0 else None
+        return max(self.var_biased / self.unbias, 1e-12) if self.unbias > 0 else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"smoothing": self.smoothing, "sqr_biased": self.sqr_biased,
