@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import log_cap
 from .errors import JobNotFound
 from .home import logs_dir
 
@@ -60,6 +61,11 @@ def render_logs(job_id: str, events: Iterable[Any], *, rank: int | None = None) 
             files.append((int(m.group(1)), int(m.group(2)), f))
     for attempt, r, f in sorted(files):
         lines.append(f"== worker output: attempt {attempt}, rank {r}")
+        meta = log_cap.read_meta(f)
+        if meta["rotations"]:
+            lines.append(f"(output rotated {meta['rotations']} time(s): the first {meta['base_bytes']} bytes are not in "
+                         f"{f.name}, the part before it is in {f.name}.1; each job keeps at most "
+                         f"{log_cap.job_log_max_bytes() / 2**20:g} MiB of output, {log_cap.ENV_JOB_LOG_MAX_MB})")
         try:
             data = tail_bytes(f)
         except OSError as exc:
