@@ -266,3 +266,40 @@ def test_finding10_names_with_newlines_do_not_escape_exclusions(tmp_path: Path) 
         names = set(tar.getnames())
     assert "dir\nname/key.pem" not in names and "secrets/a\nb/token" not in names
     assert "ok\nname.py" in names and "train.py" in names
+
+
+# ----- finding 5: a job's output on the controller's disk ---------------------------------------------
+def test_finding5_local_workers_logs_are_kept_to_the_jobs_cap(spotrain_home: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoscaler.home import logs_dir
+    from autoscaler.logs import job_logs
+
+    def dir_bytes(d: Path) -> int:
+        return sum(f.lstat().st_size for f in d.iterdir())
+
+    monkeypatch.setenv("SPOTRAIN_JOB_LOG_MAX_MB", "1")
+    setup = local_cloud("logcap")
+    ctl = Controller(store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=get_policy(),
+                     controller_id="logcap", tick_s=0.1, clock_rate=setup.clock_rate)
+    spec, wd = load_spec(write_pw_spec(tmp_path, name="noisy", workers="{min: 1, max: 1}"))
+    job = ctl.submit(spec, wd)
+    d = logs_dir(job["job_id"])
+    d.mkdir(parents=True, exist_ok=True)
+    # A worker's stdout: a file it holds open for appending, as the local agent gives it.
+    fd = os.open(d / "attempt-9-rank-0.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        written = 0
+        for _ in range(3):
+            os.write(fd, b"noise " * 300_000)  # 1.8 MB between two ticks
+            written += 1_800_000
+            ctl.tick()
+            assert dir_bytes(d) <= 1024 * 1024 + 256 * 1024, dir_bytes(d)  # the workers' own logs too
+        os.write(fd, b"last line\n")
+        assert (d / "attempt-9-rank-0.log").read_bytes().endswith(b"last line\n")
+        assert (d / "attempt-9-rank-0.log").stat().st_size < 1024  # the writer goes on at the emptied file's end
+    finally:
+        os.close(fd)
+        ctl.cancel(job["job_id"])
+        ctl.tick()
+    text = job_logs(ctl.store, job["job_id"], rank=0)
+    assert "output rotated 3 time(s)" in text and f"the first {written} bytes" in text and "last line" in text
