@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cloud_providers.jobfiles import UnsafeJobFile, open_regular, read_job_file
+
 DEFAULT_JOB_LOG_MAX_MB = 64
 ENV_JOB_LOG_MAX_MB = "SPOTRAIN_JOB_LOG_MAX_MB"
 MIN_FILE_BYTES = 64 * 1024
@@ -39,8 +41,8 @@ def meta_path(log: Path) -> Path:
 def read_meta(log: Path) -> dict[str, int]:
     """``{"rotations", "base_bytes"}`` of ``log`` (zeros when it was never rotated)."""
     try:
-        raw: Any = json.loads(meta_path(log).read_bytes()[:4096])
-    except (OSError, ValueError):
+        raw: Any = json.loads(read_job_file(meta_path(log), max_bytes=4096))
+    except (OSError, ValueError):  # UnsafeJobFile is a ValueError
         raw = {}
     out = {"rotations": 0, "base_bytes": 0}
     if isinstance(raw, dict):
@@ -51,24 +53,35 @@ def read_meta(log: Path) -> dict[str, int]:
     return out
 
 
+def _create(path: Path) -> int:
+    """A new file at ``path`` for writing (whatever a worker left there, a link included, is removed
+    first, never followed)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+
+
 def _write_meta(log: Path, meta: dict[str, int]) -> None:
-    tmp = meta_path(log).with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta))
+    tmp = meta_path(log).with_name(meta_path(log).name + ".tmp")
+    with os.fdopen(_create(tmp), "w") as f:
+        f.write(json.dumps(meta))
     os.replace(tmp, meta_path(log))
 
 
 def rotate(log: Path, keep_bytes: int) -> int:
     """Move the newest ``keep_bytes`` of ``log`` to ``log.1`` and empty ``log``; the bytes it held."""
-    with open(log, "rb") as src:
+    with open_regular(log) as src:
         size = src.seek(0, os.SEEK_END)
         src.seek(max(0, size - keep_bytes))
         tmp = log.with_name(log.name + ".1.tmp")
-        with open(tmp, "wb") as dst:
+        with os.fdopen(_create(tmp), "wb") as dst:
             while chunk := src.read(_COPY_CHUNK):
                 dst.write(chunk)
         os.replace(tmp, log.with_name(log.name + ".1"))
     held = size
-    with open(log, "r+b") as f:  # what was appended since the copy is lost with the rest: rare, small
+    with open_regular(log, write=True) as f:  # what was appended since the copy is lost with the rest: rare, small
         held = max(held, f.seek(0, os.SEEK_END))
         f.truncate(0)
     meta = read_meta(log)
@@ -95,7 +108,7 @@ def enforce(job_dir: Path, cap_bytes: int | None = None) -> int:
                 continue
             rotate(log, share)
             rotated += 1
-        except OSError:
+        except (OSError, UnsafeJobFile):
             continue
     return rotated
 

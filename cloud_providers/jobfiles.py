@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
     getattr(os, "O_NOCTTY", 0)
@@ -60,6 +60,27 @@ def read_job_file(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def open_regular(path: str | os.PathLike[str], *, write: bool = False) -> BinaryIO:
+    """``path`` opened as a binary file (for reading; ``write``: reading and writing), only if it is a
+    regular file and not a link (a FIFO would block ``open``; a device could be read without end; a
+    link could lead anywhere the user may write). Meant for logs the workers write, read in part
+    (their tails): the caller bounds what it reads. ``UnsafeJobFile`` or ``OSError``."""
+    flags = (_FLAGS & ~os.O_RDONLY) | os.O_RDWR if write else _FLAGS
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeJobFile(f"{path} is a symbolic link (refused)") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeJobFile(f"{path} is not a regular file (refused)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "r+b" if write else "rb")
 
 
 def file_key(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
@@ -128,4 +149,4 @@ def read_small_text(path: Path, *, max_bytes: int = 4096) -> str | None:
         return None
 
 
-__all__ = ["JobFileReader", "UnsafeJobFile", "file_key", "read_job_file", "read_small_text"]
+__all__ = ["JobFileReader", "UnsafeJobFile", "file_key", "open_regular", "read_job_file", "read_small_text"]

@@ -101,6 +101,30 @@ def test_finding1_hostile_progress_files_are_refused_at_once(tmp_path: Path) -> 
                 "the next good report read", seconds=took)
 
 
+def test_finding1_a_worker_log_swapped_for_a_fifo_or_a_link_is_not_read(tmp_path: Path) -> None:
+    """A worker can find its own log (its stdout) and replace it: the controller reads its tail when
+    the worker fails (under the lock) and for ``spotrain logs``."""
+    fifo, link = tmp_path / "attempt-1-rank-0.log", tmp_path / "attempt-2-rank-0.log"
+    os.mkfifo(fifo)
+    link.symlink_to("/dev/zero")
+    out, took = bounded(f"""
+        from pathlib import Path
+        from autoscaler.controller.outcomes import traceback_tail
+        from autoscaler.logs import tail_bytes
+        paths = [Path({str(fifo)!r}), Path({str(link)!r})]
+        result = [traceback_tail(p) for p in paths]
+        for p in paths:
+            try:
+                tail_bytes(p)
+                result.append("read")
+            except OSError:
+                result.append("refused")
+        print(repr(result))
+    """)
+    assert out == "[[], [], 'refused', 'refused']", out
+    assert took < 10.0
+
+
 class StallingExecutor(LocalExecutor):
     """The local executor on a filesystem where one job's progress file hangs every read (a hung NFS or
     FUSE mount a job could make): ``progress`` of that job blocks until ``release`` is set."""
