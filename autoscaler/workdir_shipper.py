@@ -6,7 +6,7 @@ asks and answers ``PENDING`` until it is done; the agent is not given its launch
 checking in as usual, as during a slow boot). A build that ends in a ``SpotrainError`` (the workdir
 cannot be shipped) is kept as ``{"error": ...}``: the agent fails the ranks with that one line. One
 that ends in a ``ProviderError`` (the store refused the archive) is the cloud's trouble: the next
-ask after ``RETRY_S`` builds again.
+ask after ``RETRY_S`` builds again, up to ``MAX_TRIES`` builds; then the last error is the outcome.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ log = logging.getLogger("spotrain.remote")
 # What ``ref`` answers while the archive is being built (never sent to an agent).
 PENDING: dict[str, Any] = {"pending": True}
 RETRY_S = 10.0
+MAX_TRIES = 5
 
 
 def is_pending(workdir: Any) -> bool:
@@ -42,6 +43,7 @@ class WorkdirShipper:
         self._done: dict[str, dict[str, Any]] = {}
         self._running: dict[str, threading.Thread] = {}
         self._failed_at: dict[str, float] = {}
+        self._tries: dict[str, int] = {}
         self._clock = clock
 
     def ref(self, job_id: str, workdir: Path, store_uri: str) -> dict[str, Any]:
@@ -77,8 +79,14 @@ class WorkdirShipper:
             log.error("job %s: %s", job_id, exc)
             outcome = {"error": str(exc)}
         except ProviderError as exc:
-            log.warning("job %s: %s (tried again in %.0f s)", job_id, exc, RETRY_S)
-            outcome = None
+            with self._lock:
+                tries = self._tries[job_id] = self._tries.get(job_id, 0) + 1
+            if tries < MAX_TRIES:
+                log.warning("job %s: %s (try %d of %d; again in %.0f s)", job_id, exc, tries, MAX_TRIES, RETRY_S)
+                outcome = None
+            else:
+                log.error("job %s: %s (after %d tries)", job_id, exc, tries)
+                outcome = {"error": f"{exc} (after {tries} tries)"}
         except Exception as exc:  # noqa: BLE001 - a bug here must not leave the job waiting for ever
             log.exception("job %s: packing the workdir failed", job_id)
             outcome = {"error": f"workdir: packing failed: {type(exc).__name__}: {exc}"}
@@ -90,10 +98,5 @@ class WorkdirShipper:
                 self._done[job_id] = outcome
                 self._failed_at.pop(job_id, None)
 
-    def forget(self, job_id: str) -> None:
-        with self._lock:
-            self._done.pop(job_id, None)
-            self._failed_at.pop(job_id, None)
 
-
-__all__ = ["PENDING", "RETRY_S", "WorkdirShipper", "is_pending"]
+__all__ = ["MAX_TRIES", "PENDING", "RETRY_S", "WorkdirShipper", "is_pending"]

@@ -87,6 +87,31 @@ def test_finding2_a_workdir_that_cannot_be_shipped_reaches_the_agent_as_its_one_
     assert "loop is a symbolic link loop" in str(la.workdir["error"]) and "\n" not in str(la.workdir["error"])
 
 
+def test_finding2_a_store_that_refuses_the_archive_is_retried_then_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoscaler.workdir_shipper import MAX_TRIES, PENDING, RETRY_S, WorkdirShipper
+    from cloud_providers.errors import ProviderError
+
+    calls: list[int] = []
+
+    def refusing_ship(*_args: object, **_kwargs: object) -> object:
+        calls.append(1)
+        raise ProviderError("workdir: cannot put the archive at s3://b/x: AccessDenied")
+
+    monkeypatch.setattr(workdir_module, "ship", refusing_ship)
+    now = [0.0]
+    shipper = WorkdirShipper(clock=lambda: now[0])
+    outcomes = []
+    for _ in range(MAX_TRIES):
+        outcomes.append(shipper.ref(JOB, tmp_path, "s3://b/x"))
+        shipper.wait(JOB, 10)
+        assert shipper.ref(JOB, tmp_path, "s3://b/x") == PENDING or len(calls) == MAX_TRIES  # no retry before RETRY_S
+        now[0] += RETRY_S
+    assert len(calls) == MAX_TRIES and all(o == PENDING for o in outcomes)
+    final = shipper.ref(JOB, tmp_path, "s3://b/x")
+    assert "AccessDenied" in final["error"] and f"after {MAX_TRIES} tries" in final["error"]
+
+
 def test_finding5_an_agents_output_is_capped_and_rotated_per_job(
         tmp_path: Path, executor: RemoteExecutor, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_JOB_LOG_MAX_MB, "1")
