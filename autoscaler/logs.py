@@ -14,6 +14,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloud_providers.jobfiles import UnsafeJobFile, open_regular
+
+from . import log_cap
 from .errors import JobNotFound
 from .home import logs_dir
 
@@ -29,8 +32,13 @@ def _fmt_ts(ts: float) -> str:
 
 def tail_bytes(path: Path, limit: int = _TAIL_BYTES) -> bytes:
     """The last ``limit`` bytes of ``path`` (``b"...\\n"`` first when there was more), reading no more
-    than that: the file is read from ``size - limit``, never from its start."""
-    with open(path, "rb") as f:
+    than that: the file is read from ``size - limit``, never from its start. Only a regular file is
+    read (the workers could leave a FIFO there): ``OSError`` otherwise."""
+    try:
+        f = open_regular(path)
+    except UnsafeJobFile as exc:
+        raise OSError(str(exc)) from None
+    with f:
         size = f.seek(0, os.SEEK_END)
         start = max(0, size - limit)
         f.seek(start)
@@ -60,6 +68,11 @@ def render_logs(job_id: str, events: Iterable[Any], *, rank: int | None = None) 
             files.append((int(m.group(1)), int(m.group(2)), f))
     for attempt, r, f in sorted(files):
         lines.append(f"== worker output: attempt {attempt}, rank {r}")
+        meta = log_cap.read_meta(f)
+        if meta["rotations"]:
+            lines.append(f"(output rotated {meta['rotations']} time(s): the first {meta['base_bytes']} bytes are not in "
+                         f"{f.name}, the part before it is in {f.name}.1; each job keeps at most "
+                         f"{log_cap.job_log_max_bytes() / 2**20:g} MiB of output, {log_cap.ENV_JOB_LOG_MAX_MB})")
         try:
             data = tail_bytes(f)
         except OSError as exc:
@@ -81,12 +94,14 @@ def read_output(job_id: str, *, attempt: int, rank: int, offset: int, limit: int
     read from next. A log that shrank (rewritten) is read again from its start."""
     path = worker_log(job_id, attempt, rank)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = f.seek(0, os.SEEK_END)
             start = offset if 0 <= offset <= size else 0
             f.seek(start)
             data = f.read(max(0, min(limit, CHUNK_BYTES)))
     except FileNotFoundError:
+        return b"", max(0, offset)
+    except UnsafeJobFile:
         return b"", max(0, offset)
     return data, start + len(data)
 

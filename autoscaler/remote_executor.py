@@ -25,8 +25,9 @@ SQLite's single write lock, so with SQLite the agent tables live in a sibling fi
 (``spotrain-agents.db`` beside ``spotrain.db``); with a server database (PostgreSQL, ...) they share the
 controller's URL, since row locks on other tables do not conflict.
 
-Workdir: ``start`` ships the job's workdir (``workdir.py``: a content-hashed archive in the job's store,
-once per job and controller) and the assignment carries its URI and hash, which the agent verifies;
+Workdir: ``start`` has the job's workdir shipped (``workdir.py``: a content-hashed archive in the job's
+store, once per job and controller), on a thread of its own (``workdir_shipper.py``: never on the
+tick's); the agent gets its launch once the archive is in the store, with its URI and hash, which it verifies;
 a workdir that cannot be shipped (too large, a link out of it) reaches the agent as an error it fails
 the ranks with, so the job fails with that one line. TLS: with ``spotrain controller start --executor
 remote`` the agents' endpoints are served apart, over HTTPS (``agent_server.py``), and
@@ -71,10 +72,12 @@ from cloud_providers.remote.wire import (
 )
 
 from .errors import SpotrainError
+from . import log_cap
 from .home import ensure_secret, home, logs_dir
 from .state import InstanceRow, Store
 from .state.store import Database
 from .state.models import AgentAssignment, AgentProgress, AgentReport
+from .workdir_shipper import WorkdirShipper, is_pending
 
 log = logging.getLogger("spotrain.remote")
 
@@ -255,28 +258,19 @@ class RemoteExecutor:
         self._started_at = clock()
         self._output_lock = threading.Lock()
         self.ship_workdir = ship_workdir
-        self._workdirs: dict[str, dict[str, Any]] = {}
+        self.shipper = WorkdirShipper()
         # True once the agents' endpoints are served on their own TLS listener (``agent_server.py``).
         self.served_apart = False
 
     def workdir_for(self, launch: WorkerLaunch) -> dict[str, Any] | None:
-        """The job's shipped workdir for its assignments (``workdir.py``), made at its first start here:
-        ``{uri, sha256, size}``, or ``{error}`` when it cannot be shipped (the agent fails the ranks
-        with that line). None when not shipping, or without a job store to ship to."""
+        """The job's shipped workdir for its assignments (``workdir.py``): ``{uri, sha256, size}``,
+        ``{error}`` when it cannot be shipped (the agent fails the ranks with that line), or
+        ``workdir_shipper.PENDING`` while it is being packed (a build starts at the first ask). None
+        when not shipping, or without a job store to ship to."""
         store_uri = launch.env.get(ENV_CHECKPOINT_URI)
         if not self.ship_workdir or not store_uri:
             return None
-        if launch.job_id not in self._workdirs:
-            from .workdir import ship
-
-            try:
-                ref = ship(Path(launch.cwd), store_uri)
-                self._workdirs[launch.job_id] = ref.to_json()
-                log.info("job %s: workdir %s shipped as %s (%d bytes)", launch.job_id, launch.cwd, ref.uri, ref.size)
-            except SpotrainError as exc:
-                log.error("job %s: %s", launch.job_id, exc)
-                self._workdirs[launch.job_id] = {"error": str(exc)}
-        return self._workdirs[launch.job_id]
+        return self.shipper.ref(launch.job_id, Path(launch.cwd), store_uri)
 
     # ----- the Executor contract (controller side) -----
     def start(self, launch: WorkerLaunch) -> None:
@@ -368,10 +362,28 @@ class RemoteExecutor:
             row = s.get(AgentAssignment, instance_id)
         if row is None or not row.launch_json:
             return Assignment(instance_id=instance_id)
-        return Assignment(
-            instance_id=instance_id, launch=RankAssignment.from_json(json.loads(row.launch_json)),
-            notice=_loads(row.notice_json), stop_attempt=row.stop_attempt,
-        )
+        launch = RankAssignment.from_json(json.loads(row.launch_json))
+        if is_pending(launch.workdir):
+            launch = self._with_workdir(instance_id, launch)
+            if launch is None:  # still being packed: the agent waits, as for a slow boot
+                return Assignment(instance_id=instance_id, stop_attempt=row.stop_attempt)
+        return Assignment(instance_id=instance_id, launch=launch, notice=_loads(row.notice_json),
+                          stop_attempt=row.stop_attempt)
+
+    def _with_workdir(self, instance_id: str, launch: RankAssignment) -> RankAssignment | None:
+        """``launch`` with its workdir once shipped (stored, so a restarted controller need not pack
+        again), else None."""
+        store_uri = launch.env.get(ENV_CHECKPOINT_URI, "")
+        ref = self.shipper.ref(launch.job_id, Path(launch.cwd), store_uri) if store_uri else {
+            "error": "workdir: the job has no store to ship its workdir to"}
+        if is_pending(ref):
+            return None
+        launch = dataclasses.replace(launch, workdir=ref)
+        with self.tables.session() as s:
+            row = s.get(AgentAssignment, instance_id)
+            if row is not None and row.attempt == launch.attempt and row.job_id == launch.job_id:
+                row.launch_json = json.dumps(launch.to_json())
+        return launch
 
     def record_output(self, instance_id: str, chunk: OutputChunk) -> int:
         """Append an agent's chunk of one of its ranks' logs to the controller's copy (the log
@@ -382,7 +394,9 @@ class RemoteExecutor:
             raise WireError(f"output: rank {chunk.rank} of attempt {chunk.attempt} does not run on {instance_id}")
         path = logs_dir(la.job_id) / f"attempt-{la.attempt}-rank-{chunk.rank}.log"
         with self._output_lock:
-            size = path.stat().st_size if path.exists() else 0
+            # Offsets count every byte received, also those rotated out since (``log_cap.py``).
+            base = log_cap.read_meta(path)["base_bytes"]
+            size = base + (path.stat().st_size if path.exists() else 0)
             if chunk.offset > size:
                 return size  # a gap: the agent sends again from what is here
             data = chunk.data[size - chunk.offset:]
@@ -390,6 +404,7 @@ class RemoteExecutor:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 with os.fdopen(fd, "ab") as f:
                     f.write(data)
+                log_cap.enforce(path.parent)  # the job's cap on the controller's disk
             return size + len(data)
 
     def record_report(self, instance_id: str, report: Report) -> None:

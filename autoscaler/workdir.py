@@ -19,24 +19,37 @@ re-includes what an earlier pattern left out (not below a left-out directory: it
 ``dir/`` matches directories only; a pattern with a ``/`` other than a trailing one is anchored at
 the workdir's top, one without matches at any depth; ``*`` and ``?`` do not cross ``/``, ``**``
 does (``**/x``, ``a/**``, ``a/**/b``); the last matching pattern wins.
+
+Bounds (issue 21, findings 2 and 10): everything here reads what a job's author controls, at submit
+(the API thread) and when the archive is built (a thread of the remote executor, never the tick).
+``.spotrainignore`` must be a regular file (not a link, FIFO or device) of at most
+``MAX_IGNORE_BYTES``, with at most ``MAX_IGNORE_RULES`` patterns of at most ``MAX_PATTERN_CHARS``
+each; patterns are matched by ``globmatch.py`` in linear time, and one walk may spend at most
+``MAX_MATCH_STEPS`` matching steps. At most ``MAX_WORKDIR_ENTRIES`` files and directories are looked
+at (``SPOTRAIN_WORKDIR_MAX_FILES``). A shipped path may be at most ``MAX_PATH_BYTES`` long (the
+instance unpacks under its own state directory, and PATH_MAX is 4096). A link loop is refused; an
+in-tree link (absolute or relative) is shipped as the relative link to its real target, so the
+instance's safe unpacking accepts it. Files are read without blocking, regular files only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gzip
 import hashlib
 import io
 import os
-import re
 import stat
 import tarfile
 from pathlib import Path
 
 from cloud_providers.errors import ProviderError
+from cloud_providers.jobfiles import UnsafeJobFile, read_job_file
 from cloud_providers.remote.workdir import WorkdirRef, archive_uri, put_archive
 
 from .errors import SpecError
+from .globmatch import Budget, BudgetExceeded, Glob
 
 IGNORE_FILE = ".spotrainignore"
 DEFAULT_IGNORES = (".git/", "__pycache__/")
@@ -58,63 +71,58 @@ def max_workdir_bytes() -> int:
 
 
 # ----- .spotrainignore ------------------------------------------------------------------------------
+MAX_IGNORE_BYTES = 64 * 1024
+MAX_IGNORE_RULES = 1000
+MAX_PATTERN_CHARS = 1024
+MAX_MATCH_STEPS = 4_000_000
+MAX_WORKDIR_ENTRIES = 20_000
+ENV_MAX_FILES = "SPOTRAIN_WORKDIR_MAX_FILES"
+MAX_PATH_BYTES = 1024
+
+
+def max_workdir_entries() -> int:
+    text = os.environ.get(ENV_MAX_FILES)
+    if not text:
+        return MAX_WORKDIR_ENTRIES
+    if not text.strip().isdigit() or int(text) < 1:
+        raise SpecError(f"{ENV_MAX_FILES}: {text!r} is not a positive whole number")
+    return int(text)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Rule:
-    regex: re.Pattern[str]
+    glob: Glob
     negate: bool
     dir_only: bool
 
 
-def _glob_to_regex(pattern: str) -> str:
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("/**", i) and i + 3 == len(pattern):
-            out.append("/.*")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return "".join(out)
-
-
 def parse_ignore(text: str) -> list[_Rule]:
     rules = []
-    for raw in text.splitlines():
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.rstrip()
         if not line or line.startswith("#"):
             continue
+        if len(line) > MAX_PATTERN_CHARS:
+            raise SpecError(f"workdir: {IGNORE_FILE} line {number}: a pattern of {len(line)} characters, over the "
+                            f"{MAX_PATTERN_CHARS} limit")
         negate = line.startswith("!")
         line = line[1:] if negate else line
         dir_only = line.endswith("/")
         line = line.rstrip("/")
         if not line:
             continue
+        if len(rules) >= MAX_IGNORE_RULES:
+            raise SpecError(f"workdir: {IGNORE_FILE} has more than {MAX_IGNORE_RULES} patterns")
         anchored = "/" in line
-        body = _glob_to_regex(line.lstrip("/"))
-        rules.append(_Rule(re.compile(("^" if anchored else "^(?:.*/)?") + body + "$"), negate, dir_only))
+        rules.append(_Rule(Glob.compile(line.lstrip("/"), anchored=anchored), negate, dir_only))
     return rules
 
 
-def ignored(rules: list[_Rule], rel: str, is_dir: bool) -> bool:
+def ignored(rules: list[_Rule], rel: str, is_dir: bool, budget: Budget | None = None) -> bool:
     """Whether the path ``rel`` (posix, relative to the workdir) is left out; the last match decides."""
     verdict = False
     for rule in rules:
-        if (is_dir or not rule.dir_only) and rule.regex.match(rel):
+        if (is_dir or not rule.dir_only) and rule.glob.match(rel, budget):
             verdict = not rule.negate
     return verdict
 
@@ -122,46 +130,100 @@ def ignored(rules: list[_Rule], rel: str, is_dir: bool) -> bool:
 def ignore_rules(workdir: Path) -> list[_Rule]:
     path = workdir / IGNORE_FILE
     try:
-        return parse_ignore(path.read_text())
+        data = read_job_file(path, max_bytes=MAX_IGNORE_BYTES)
     except FileNotFoundError:
         return parse_ignore("\n".join(DEFAULT_IGNORES))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"workdir: cannot read {path}: {exc}") from None
+    except UnsafeJobFile as exc:
+        raise SpecError(f"workdir: {IGNORE_FILE} must be a regular file of at most {MAX_IGNORE_BYTES} bytes: "
+                        f"{exc}") from None
+    except OSError as exc:
+        raise SpecError(f"workdir: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return parse_ignore(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError(f"workdir: {IGNORE_FILE} is not UTF-8 text") from None
 
 
 # ----- the archive ----------------------------------------------------------------------------------
-def _entries(workdir: Path, limit: int) -> list[tuple[str, os.stat_result, Path]]:
-    """(relative path, lstat, path) of everything shipped, sorted; SpecError past the size limit."""
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    rel: str
+    st: os.stat_result
+    path: Path
+    linkname: str | None = None  # links: the relative link to the real target, as shipped
+
+
+def _show(rel: str) -> str:
+    """A path for a one-line message: shortened, and quoted when it holds a control character (a
+    newline shows as \\n)."""
+    short = rel if len(rel) <= 80 else rel[:60] + "..." + rel[-15:]
+    return short if short.isprintable() else repr(short)
+
+
+def _link(workdir_real: str, rel: str, path: Path) -> str:
+    """The relative link to ``path``'s real target, which must be inside the workdir; SpecError else."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SpecError(f"workdir: {_show(rel)} is a symbolic link loop; remove it or leave it out in "
+                            f"{IGNORE_FILE}") from None
+        if exc.errno != errno.ENOENT:
+            raise
+    target = os.path.realpath(path)
+    if os.path.commonpath([workdir_real, target]) != workdir_real:
+        raise SpecError(f"workdir: {_show(rel)} is a link out of the workdir (to {_show(target)}); "
+                        f"leave it out in {IGNORE_FILE}")
+    return os.path.relpath(target, os.path.realpath(path.parent))
+
+
+def _entries(workdir: Path, limit: int) -> list[_Entry]:
+    """Everything shipped, sorted by path; SpecError past a limit (size, entries, path length,
+    matching cost), for a link loop or a link out of the workdir."""
     rules = ignore_rules(workdir)
-    out: list[tuple[str, os.stat_result, Path]] = []
-    total = 0
+    workdir_real = os.path.realpath(workdir)
+    max_entries = max_workdir_entries()
+    budget = Budget(MAX_MATCH_STEPS)
+    out: list[_Entry] = []
+    total = seen = 0
     stack = [""]
     while stack:
         rel_dir = stack.pop()
         with os.scandir(workdir / rel_dir) as it:
             for entry in sorted(it, key=lambda e: e.name):
+                seen += 1
+                if seen > max_entries:
+                    raise SpecError(f"workdir: {workdir} holds more than {max_entries} files and directories "
+                                    f"({ENV_MAX_FILES}): leave directories out in {IGNORE_FILE}, or put data in the store")
                 rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                 st = entry.stat(follow_symlinks=False)
                 is_dir = stat.S_ISDIR(st.st_mode)
-                if ignored(rules, rel, is_dir):
-                    continue
+                try:
+                    if ignored(rules, rel, is_dir, budget):
+                        continue
+                except BudgetExceeded:
+                    raise SpecError(f"workdir: the patterns of {IGNORE_FILE} cost more than {MAX_MATCH_STEPS} "
+                                    "matching steps over this workdir: use fewer '*' per pattern, or fewer "
+                                    "patterns") from None
+                if len(os.fsencode(rel)) > MAX_PATH_BYTES:
+                    raise SpecError(f"workdir: the path {_show(rel)} is {len(os.fsencode(rel))} bytes long, over "
+                                    f"the {MAX_PATH_BYTES}-byte limit for instances; shorten it or leave it out "
+                                    f"in {IGNORE_FILE}")
                 path = Path(entry.path)
+                linkname = None
                 if stat.S_ISLNK(st.st_mode):
-                    target = (path.parent / os.readlink(path)).resolve()
-                    if not target.is_relative_to(workdir.resolve()):
-                        raise SpecError(f"workdir: {rel} is a link out of the workdir (to {target}); "
-                                            f"leave it out in {IGNORE_FILE}")
+                    linkname = _link(workdir_real, rel, path)
                 elif is_dir:
                     stack.append(rel)
                 elif stat.S_ISREG(st.st_mode):
                     total += st.st_size
                 else:
                     continue  # sockets, fifos, devices: nothing a job ships
-                out.append((rel, st, path))
+                out.append(_Entry(rel, st, path, linkname))
     if total > limit:
         raise SpecError(f"workdir: {workdir} holds {total / 2**20:.1f} MiB to ship, over the {limit / 2**20:g} MiB "
                               f"limit ({ENV_MAX_MB}): leave files out in {IGNORE_FILE}, or put data in the store")
-    out.sort(key=lambda e: e[0])
+    out.sort(key=lambda e: e.rel)
     return out
 
 
@@ -172,7 +234,7 @@ def check_workdir(workdir: Path) -> int:
     if not workdir.is_dir():
         raise SpecError(f"workdir: {workdir} is not a directory on the controller's machine")
     try:
-        return sum(st.st_size for _, st, _ in _entries(workdir, max_workdir_bytes()) if stat.S_ISREG(st.st_mode))
+        return sum(e.st.st_size for e in _entries(workdir, max_workdir_bytes()) if stat.S_ISREG(e.st.st_mode))
     except OSError as exc:
         raise SpecError(f"workdir: cannot read {exc.filename or workdir}: {exc.strerror}") from None
 
@@ -187,22 +249,39 @@ def build_archive(workdir: Path, *, max_bytes: int | None = None) -> tuple[bytes
         entries = _entries(workdir, limit)
     except OSError as exc:
         raise SpecError(f"workdir: cannot read {exc.filename or workdir}: {exc.strerror}") from None
+    try:
+        return _pack(entries, limit)
+    except OSError as exc:
+        raise SpecError(f"workdir: cannot read {exc.filename or workdir}: {exc.strerror}") from None
+
+
+def _read_member(e: _Entry, left: int) -> bytes:
+    """A file's bytes, read without blocking and only while it is still a regular file within what is
+    left of the size limit (it may have changed since the walk: a FIFO now would hang a plain read)."""
+    try:
+        return read_job_file(e.path, max_bytes=max(0, left))
+    except UnsafeJobFile as exc:
+        raise SpecError(f"workdir: {_show(e.rel)} changed while being packed: {exc}") from None
+
+
+def _pack(entries: list[_Entry], limit: int) -> tuple[bytes, str]:
     raw = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for rel, st, path in entries:
-                info = tarfile.TarInfo(rel)
+            left = limit
+            for e in entries:
+                info = tarfile.TarInfo(e.rel)
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                if stat.S_ISLNK(st.st_mode):
-                    info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(path), 0o777
+                if e.linkname is not None:
+                    info.type, info.linkname, info.mode = tarfile.SYMTYPE, e.linkname, 0o777
                     tar.addfile(info)
-                elif stat.S_ISDIR(st.st_mode):
+                elif stat.S_ISDIR(e.st.st_mode):
                     info.type, info.mode = tarfile.DIRTYPE, 0o755
                     tar.addfile(info)
                 else:
-                    info.mode = 0o755 if st.st_mode & 0o111 else 0o644
-                    with open(path, "rb") as f:
-                        data = f.read()
+                    info.mode = 0o755 if e.st.st_mode & 0o111 else 0o644
+                    data = _read_member(e, left)
+                    left -= len(data)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
     blob = raw.getvalue()

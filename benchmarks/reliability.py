@@ -37,6 +37,8 @@ CHECKS = [
     ("moto_faults", "20 % EC2 errors on moto", "tests/reliability/test_moto_faults.py"),
     ("price_spikes", "Price spikes, tight budgets", "tests/reliability/test_price_spikes.py"),
     ("price_spikes_gap", "Price rise past the guard's reserve", "tests/reliability/test_price_spikes.py"),
+    ("hostile_jobfiles", "Hostile job files (FIFO, /dev/zero, huge)", "tests/reliability/test_hostile_jobfiles.py"),
+    ("hostile_workdirs", "Hostile workdirs (ignore file, globs, files)", "tests/reliability/test_hostile_jobfiles.py"),
 ]
 
 

@@ -11,6 +11,8 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from cloud_providers.base import Provider
@@ -146,6 +148,12 @@ class Context:
     # The market history's spot totals, finished jobs summed once (issue 14, finding 5).
     spot_history: SpotHistory = dataclasses.field(default_factory=SpotHistory)
     _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
+    # Rank 0's reports read before the tick took the controller's lock (``Controller.tick``: reading
+    # files a job can write never happens under it, issue 21 finding 1); None: read them as needed.
+    progress_snapshot: dict[str, dict[str, Any] | None] | None = None
+    # Jobs whose ranks all exited 0 while their report read before the exit showed no completion:
+    # the next tick's report (read after the exit) decides.
+    exits_unconfirmed: set[str] = dataclasses.field(default_factory=set)
     # Whether this controller may act now: it holds its fleet's lease (always, without a lease). A
     # launch asks right before it calls the cloud; an error while it does not is the lease's loss.
     leading: Callable[[], bool] = lambda: True
@@ -178,9 +186,23 @@ class Context:
         self._specs[job.job_id] = (job.spec_json, spec)
         return spec
 
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        """Rank 0's report: as read before this tick took the lock, else from the executor."""
+        snap = self.progress_snapshot
+        if snap is not None and job_id in snap:
+            return snap[job_id]
+        return self.executor.progress(job_id)
+
+    def progress_predates_exit(self, job_id: str) -> bool:
+        """Whether this tick's report of ``job_id`` was read before its gang's exit was seen (then a
+        completion written just before the exit may be missing from it)."""
+        snap = self.progress_snapshot
+        return snap is not None and job_id in snap
+
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
         for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
                   self.moving_since, self.goodput):
             d.pop(job_id, None)  # type: ignore[attr-defined]
+        self.exits_unconfirmed.discard(job_id)
 

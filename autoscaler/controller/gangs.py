@@ -95,7 +95,7 @@ def _infra_lost(gang: list[InstanceRow]) -> bool:
 
 def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) -> None:
     """Read the job's progress and its gang's exit codes, and end, fail or succeed the gang."""
-    prog = ctx.executor.progress(job.job_id)
+    prog = ctx.progress(job.job_id)
     if prog:
         ckpt_before = job.last_checkpoint_step
         apply_progress(ctx, job, prog)
@@ -119,9 +119,11 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
     all_exited = all(st.state is GangState.EXITED for st in statuses.values())
     bad = {rk: c for rk, c in codes.items() if c not in (protocol.EXIT_DONE, protocol.EXIT_RESCHEDULE)}
     if all_exited and codes and all(c == protocol.EXIT_DONE for c in codes.values()):
-        last = ctx.executor.progress(job.job_id)
+        last = ctx.progress(job.job_id)
         if outcomes.completion_recorded(last):
             succeed(ctx, s, job)
+        elif ctx.progress_predates_exit(job.job_id) and job.job_id not in ctx.exits_unconfirmed:
+            ctx.exits_unconfirmed.add(job.job_id)  # the report read after the exit (next tick) decides
         else:
             end_job(ctx, s, job, JobState.FAILED, outcomes.incomplete_exit_reason(job, last), why="workers exited early")
     elif all_exited and not bad:
@@ -216,7 +218,7 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
 
 def succeed(ctx: Context, s: Session, job: Job) -> None:
     """The runtime recorded completion (``outcomes.completion_recorded``): its final weights are the model."""
-    apply_progress(ctx, job, ctx.executor.progress(job.job_id) or {})
+    apply_progress(ctx, job, ctx.progress(job.job_id) or {})
     end_job(ctx, s, job, JobState.SUCCEEDED, "training finished", why="job succeeded")
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from cloud_providers.jobfiles import UnsafeJobFile, open_regular
+
 from ..state import Job, Store
 
 # What of a failing rank's log goes into the reason: at most this many lines of its last traceback
@@ -64,11 +66,11 @@ def traceback_tail(path: Path) -> list[str]:
     """The last traceback in the log at ``path`` (at most ``TAIL_LINES`` lines), else its last few
     lines of output; empty when there is no log (a remote worker's, a simulated one)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # the workers' own file: never a FIFO or a device read here
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - TAIL_BYTES))
             text = f.read(TAIL_BYTES).decode(errors="replace")
-    except OSError:
+    except (OSError, UnsafeJobFile):
         return []
     lines = [ln.rstrip()[:_LINE_CHARS] for ln in text.splitlines()]
     start = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")), default=None)

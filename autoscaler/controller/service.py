@@ -24,6 +24,7 @@ from cloud_providers.executor import Executor
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from .. import log_cap
 from ..domain import JobNameTaken, JobState, NotOwner
 from ..errors import Conflict, JobNotFound
 from ..home import default_store
@@ -260,8 +261,10 @@ class Controller:
             self._take_over(raise_errors=False, rebuild=True)  # recovery first, here: the lease job renews
         if not self.leading():
             return  # a standby (or a leader whose lease ran out) does not act
+        snapshot = self._read_job_files()
         with self._lock, self.lease.fenced() if self.lease is not None else contextlib.nullcontext():
             t0 = self.ctx.clock.now()
+            self.ctx.progress_snapshot = snapshot
             try:
                 if self.lease is not None:
                     self._cancel_requested()
@@ -284,7 +287,28 @@ class Controller:
                     raise
                 log.exception("reconcile failed")
             finally:
+                self.ctx.progress_snapshot = None
                 self.ctx.last_tick_s = self.ctx.clock.now() - t0
+
+    def _read_job_files(self) -> dict[str, dict[str, Any] | None] | None:
+        """Rank 0's reports of this controller's live jobs, read before the tick takes the lock: a
+        file a job writes must never be read while submit and cancel wait (issue 21, finding 1).
+        None when the executor does not read files (its reports are in the database or in memory).
+        Its workers' logs are kept to the job's cap here too (``log_cap.py``, finding 5)."""
+        ctx = self.ctx
+        read = getattr(ctx.executor, "read_progress", None)
+        if read is None:
+            return None
+        try:
+            with ctx.store.session() as s:
+                ids = [j.job_id for j in ctx.store.jobs(s, controller_id=ctx.controller_id, live_only=True)]
+            for job_id in ids:  # the workers write their logs here themselves: keep each job to its cap
+                log_cap.enforce(ctx.logs_dir(job_id))
+            out: dict[str, dict[str, Any] | None] = read(ids)
+            return out
+        except (OSError, SQLAlchemyError) as exc:
+            log.warning("reconcile: reading the jobs' progress before the tick failed: %s", exc)
+            return None
 
     def _cancel_requested(self) -> None:
         """End the live jobs a standby was asked to cancel."""

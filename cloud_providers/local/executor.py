@@ -10,11 +10,16 @@ Layout under ``root``::
     jobs/<job_id>/progress.json                      rank 0's progress report
 
 Everything is in files, so a restarted controller picks up exactly where the last one stopped.
+
+Every file the workers could have replaced (the progress file, the exit records, the pid) is read
+with ``jobfiles.py``: without blocking, regular files only, to a size cap (issue 21, finding 1).
+``read_progress`` is what the controller calls outside its lock before each tick.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from ..executor import GangState, WorkerLaunch, WorkerStatus
+from ..jobfiles import JobFileReader, read_small_text
 from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
+
+log = logging.getLogger("spotrain.local")
+
+# The largest progress file read (rank 0's report is a few kB; its profile grows by ~150 bytes a
+# batch configuration). A larger one is refused, not read: the job's progress stays as last seen.
+MAX_PROGRESS_BYTES = 1024 * 1024
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -40,6 +52,8 @@ class LocalExecutor:
         self.root = Path(root)
         (self.root / "instances").mkdir(parents=True, exist_ok=True)
         (self.root / "jobs").mkdir(parents=True, exist_ok=True)
+        self._progress = JobFileReader(max_bytes=MAX_PROGRESS_BYTES)
+        self._warned: dict[str, str] = {}
 
     # ----- paths -----
     def _idir(self, instance_id: str) -> Path:
@@ -98,8 +112,8 @@ class LocalExecutor:
 
     def _agent_alive(self, adir: Path) -> int | None:
         try:
-            pid = int((adir / "pid").read_text())
-        except (OSError, ValueError):
+            pid = int(read_small_text(adir / "pid") or "")
+        except ValueError:
             return None
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -125,7 +139,7 @@ class LocalExecutor:
             if f.name.endswith(".tmp"):
                 continue
             try:
-                codes[int(f.name.split("-", 1)[1])] = int(f.read_text())
+                codes[int(f.name.split("-", 1)[1])] = int(read_small_text(f) or "")
             except ValueError:
                 continue
         if (adir / "done").exists():
@@ -142,7 +156,7 @@ class LocalExecutor:
     def _reap(adir: Path) -> None:
         """Collect a finished agent's exit status if this process started it (no zombies left)."""
         try:
-            pid = int((adir / "pid").read_text())
+            pid = int(read_small_text(adir / "pid") or "")
             os.waitpid(pid, os.WNOHANG)
         except (OSError, ValueError, ChildProcessError):
             pass
@@ -212,8 +226,16 @@ class LocalExecutor:
             return "127.0.0.1", int(sock.getsockname()[1])
 
     def progress(self, job_id: str) -> dict[str, Any] | None:
-        try:
-            data = json.loads(Path(self.progress_file(job_id)).read_text())
-        except (OSError, ValueError):
-            return None
+        """Rank 0's last report: its progress file, read without blocking (a FIFO, a device, a link or a
+        file over ``MAX_PROGRESS_BYTES`` is refused and logged once), and not again while unchanged."""
+        path = self.progress_file(job_id)
+        data = self._progress.read_json(path)
+        problem = self._progress.problem(path)
+        if problem is not None and self._warned.get(job_id) != problem:
+            self._warned[job_id] = problem
+            log.warning("job %s: progress file ignored: %s", job_id, problem)
         return data if isinstance(data, dict) else None
+
+    def read_progress(self, job_ids: list[str]) -> dict[str, dict[str, Any] | None]:
+        """Every listed job's report (``progress``), for the controller to read before it takes its lock."""
+        return {job_id: self.progress(job_id) for job_id in job_ids}

@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 
 from ..errors import ProviderError
+from ..jobfiles import JobFileReader
 from ..local.agent import PHASE_EXITED, PHASE_SETUP, Gang, GangLaunch
 from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
 from .config import AgentConfig
@@ -239,6 +240,7 @@ class Agent:
         self._unreachable_since: float | None = None
         # (attempt, rank) -> how much of that rank's log the controller has (``_ship_output``).
         self._shipped: dict[tuple[int, int], int] = {}
+        self._progress_reader = JobFileReader(max_bytes=1024 * 1024)
         self._restore()
 
     # ----- persistence across agent restarts -----
@@ -365,10 +367,8 @@ class Agent:
     def _progress(self) -> dict[str, Any] | None:
         if self.launch is None or 0 not in self.launch.ranks:
             return None
-        try:
-            data = json.loads(self.progress_file().read_text())
-        except (OSError, ValueError):
-            return None
+        # Rank 0 could leave a FIFO or a link to /dev/zero there: read without blocking, to a cap.
+        data = self._progress_reader.read_json(self.progress_file())
         return data if isinstance(data, dict) else None
 
     def report(self) -> Report:

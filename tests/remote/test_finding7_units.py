@@ -179,6 +179,7 @@ def test_a_workdir_the_controller_could_not_ship_fails_the_ranks_with_its_reason
                           ranks=[0], world_size=1, master_addr="10.0.0.1", master_port=29500,
                           env={"SPOTRAIN_CHECKPOINT_URI": f"file://{tmp_path / 'store' / 'job-1'}"}, log_dir="/x")
     executor.start(launch)
+    executor.shipper.wait("job-1", 20)  # packed on a thread of its own (issue 21, finding 2)
     sent = executor.assignment("i-1").launch
     assert sent is not None and sent.workdir is not None and "link out of the workdir" in str(sent.workdir["error"])
     out = run_with(Agent(agent_config(tmp_path), channel=channel, sources=[]), channel, tmp_path, dict(sent.workdir))
