@@ -26,6 +26,7 @@ from ..policy import Policy
 from ..spec import JobSpec, spec_from_dict
 from ..state import Job, Store
 from .goodput import Fits
+from .start_failures import StartFailures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +147,8 @@ class Context:
     # The market history's spot totals, finished jobs summed once (issue 14, finding 5).
     spot_history: SpotHistory = dataclasses.field(default_factory=SpotHistory)
     _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
+    # Each job's gang starts that failed in a row, and when to try again (issue 21, finding 6).
+    start_failures: StartFailures = dataclasses.field(default_factory=StartFailures)
     # Whether this controller may act now: it holds its fleet's lease (always, without a lease). A
     # launch asks right before it calls the cloud; an error while it does not is the lease's loss.
     leading: Callable[[], bool] = lambda: True
@@ -181,6 +184,6 @@ class Context:
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
         for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
-                  self.moving_since, self.goodput):
+                  self.moving_since, self.goodput, self.start_failures.failures):
             d.pop(job_id, None)  # type: ignore[attr-defined]
 
