@@ -237,6 +237,27 @@ def _install_follow_endpoints(app: FastAPI, controller: Controller, auth: Callab
     return report_png
 
 
+def _install_list_endpoint(app: FastAPI, controller: Controller, auth: Callable[[Request], None]) -> None:
+    """``GET /v1/jobs``: one page of jobs (``listing.py``; issue 21, finding 7)."""
+
+    @app.get("/v1/jobs", dependencies=[Depends(auth)], response_model=JobList, responses={
+        **_refusals(422), 200: {"headers": _PAGE_HEADERS, "description": "One page of jobs"}})
+    def list_jobs(
+        response: Response,
+        state: str = Query(LIVE_SELECTOR, description="live (default), ended, all, or a comma-separated list of states"),
+        limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description="Jobs on this page"),
+        offset: int = Query(0, ge=0, description="Jobs to skip (x-next-offset of the previous page)"),
+        order: str = Query("oldest", pattern="^(oldest|newest)$", description="oldest (default) or newest first"),
+    ) -> JobList:
+        """One page of jobs: the live ones by default, oldest first (``listing.py``)."""
+        with controller.store.session() as s:
+            page = job_page(controller.store, s, state=state, limit=limit, offset=offset, order=order)
+        response.headers["x-total-count"] = str(page.total)
+        if page.next_offset is not None:
+            response.headers["x-next-offset"] = str(page.next_offset)
+        return JobList(page.jobs)
+
+
 def _credentials(controller: Controller, token: str) -> tuple[Callable[[str], bool], Callable[[str, Headers], bool]]:
     """``has_token(authorization)``, and the guard's ``authorized(path, headers)``: the token, an
     agent's credential on the agents' paths, or the dashboard's cookie on the dashboard's pages (and
@@ -330,22 +351,7 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
             raise SpecError(f"workdir: {req.workdir!r} is not an absolute directory")
         return controller.submit(spec, workdir)
 
-    @app.get("/v1/jobs", dependencies=[Depends(auth)], response_model=JobList, responses={
-        **_refusals(422), 200: {"headers": _PAGE_HEADERS, "description": "One page of jobs"}})
-    def list_jobs(
-        response: Response,
-        state: str = Query(LIVE_SELECTOR, description="live (default), ended, all, or a comma-separated list of states"),
-        limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description="Jobs on this page"),
-        offset: int = Query(0, ge=0, description="Jobs to skip (x-next-offset of the previous page)"),
-        order: str = Query("oldest", pattern="^(oldest|newest)$", description="oldest (default) or newest first"),
-    ) -> JobList:
-        """One page of jobs: the live ones by default, oldest first (``listing.py``)."""
-        with controller.store.session() as s:
-            page = job_page(controller.store, s, state=state, limit=limit, offset=offset, order=order)
-        response.headers["x-total-count"] = str(page.total)
-        if page.next_offset is not None:
-            response.headers["x-next-offset"] = str(page.next_offset)
-        return JobList(page.jobs)
+    _install_list_endpoint(app, controller, auth)
 
     @app.get("/v1/jobs/{ref}", dependencies=[Depends(auth)], response_model=JobSummary, responses=_refusals(404))
     def get_job(ref: str) -> Any:
