@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.datastructures import Headers
@@ -37,18 +37,25 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cloud_providers.errors import ProviderError
 
 from .api_agents import AGENT_PATHS, agent_gate_for, agent_router_for
-from .controller import Controller, job_summary
+from .controller import Controller
 from .dashboard import LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
 from .domain import IllegalTransition, JobState, NotOwner
+from .listing import DEFAULT_LIMIT, MAX_LIMIT, job_page
 from .errors import AuthError, Conflict, DomainError, JobNotFound, SpecError, SpotrainError
 from .logs import job_logs, read_output
 from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
 from .spec import spec_from_dict
+from .state.store import LIVE_SELECTOR
 
 # Bounds of one request: the API's bodies (a spec, an agent's report) are a few kB.
 MAX_BODY_BYTES = 1024 * 1024
 BODY_TIMEOUT_S = 30.0
 PUBLIC_PATHS = frozenset({"/healthz", LOGIN_PATH})
+# The paging headers of ``GET /v1/jobs`` (its OpenAPI says so).
+_PAGE_HEADERS = {
+    "x-total-count": {"description": "Jobs that match the state selector", "schema": {"type": "integer"}},
+    "x-next-offset": {"description": "offset of the next page; absent on the last page", "schema": {"type": "integer"}},
+}
 
 # Each error type's HTTP status; a type not listed takes its nearest listed base's.
 ERROR_STATUS: dict[type[Exception], int] = {
@@ -230,15 +237,40 @@ def _install_follow_endpoints(app: FastAPI, controller: Controller, auth: Callab
     return report_png
 
 
+def _install_list_endpoint(app: FastAPI, controller: Controller, auth: Callable[[Request], None]) -> None:
+    """``GET /v1/jobs``: one page of jobs (``listing.py``; issue 21, finding 7)."""
+
+    @app.get("/v1/jobs", dependencies=[Depends(auth)], response_model=JobList, responses={
+        **_refusals(422), 200: {"headers": _PAGE_HEADERS, "description": "One page of jobs"}})
+    def list_jobs(
+        response: Response,
+        state: str = Query(LIVE_SELECTOR, description="live (default), ended, all, or a comma-separated list of states"),
+        limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description="Jobs on this page"),
+        offset: int = Query(0, ge=0, description="Jobs to skip (x-next-offset of the previous page)"),
+        order: str = Query("oldest", pattern="^(oldest|newest)$", description="oldest (default) or newest first"),
+    ) -> JobList:
+        """One page of jobs: the live ones by default, oldest first (``listing.py``)."""
+        with controller.store.session() as s:
+            page = job_page(controller.store, s, state=state, limit=limit, offset=offset, order=order)
+        response.headers["x-total-count"] = str(page.total)
+        if page.next_offset is not None:
+            response.headers["x-next-offset"] = str(page.next_offset)
+        return JobList(page.jobs)
+
+
 def _credentials(controller: Controller, token: str) -> tuple[Callable[[str], bool], Callable[[str, Headers], bool]]:
     """``has_token(authorization)``, and the guard's ``authorized(path, headers)``: the token, an
     agent's credential on the agents' paths, or the dashboard's cookie on the dashboard's pages (and
     there only: it never opens the API)."""
+    if not token:
+        raise ValueError("the API token must be a non-empty secret")
     expected = f"Bearer {token}".encode()
     agent_gate = agent_gate_for(controller)
 
     def has_token(authorization: str) -> bool:
-        return hmac.compare_digest(authorization.encode(), expected)
+        # A bearer with an empty credential never matches, whatever the token (issue 21, finding 4).
+        return authorization.startswith("Bearer ") and len(authorization) > 7 and hmac.compare_digest(
+            authorization.encode(), expected)
 
     def authorized(path: str, headers: Headers) -> bool:
         authorization = headers.get("authorization", "")
@@ -319,10 +351,7 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
             raise SpecError(f"workdir: {req.workdir!r} is not an absolute directory")
         return controller.submit(spec, workdir)
 
-    @app.get("/v1/jobs", dependencies=[Depends(auth)], response_model=JobList, responses=_refusals())
-    def list_jobs() -> JobList:
-        with controller.store.session() as s:
-            return JobList([job_summary(j, controller.store.instances(s, j.job_id)) for j in controller.store.jobs(s)])
+    _install_list_endpoint(app, controller, auth)
 
     @app.get("/v1/jobs/{ref}", dependencies=[Depends(auth)], response_model=JobSummary, responses=_refusals(404))
     def get_job(ref: str) -> Any:

@@ -20,6 +20,7 @@ from .home import read_controller_info, read_token
 from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary
 
 DEFAULT_URL = "http://127.0.0.1:8470"
+PAGE_LIMIT = 1000  # the API's largest page (``listing.MAX_LIMIT``; not imported: it brings SQLAlchemy)
 M = TypeVar("M", bound=BaseModel)
 
 # The controller's error types the client rebuilds from an ``ErrorBody`` (each takes a message).
@@ -83,8 +84,28 @@ class Client:
     def submit(self, spec: dict[str, Any], workdir: str) -> JobSummary:
         return self._parse(JobSummary, self._call("POST", "/v1/jobs", json={"spec": spec, "workdir": workdir}))
 
-    def jobs(self) -> list[JobSummary]:
-        return self._parse(JobList, self._call("GET", "/v1/jobs")).root
+    def jobs_page(self, *, state: str = "live", limit: int = PAGE_LIMIT, offset: int = 0,
+                  order: str = "oldest") -> tuple[list[JobSummary], int | None]:
+        """One page of ``GET /v1/jobs`` (``listing.py``) and the offset of the next (None: the last)."""
+        r = self._call("GET", "/v1/jobs", params={"state": state, "limit": limit, "offset": offset, "order": order})
+        nxt = r.headers.get("x-next-offset")
+        return self._parse(JobList, r).root, int(nxt) if nxt and nxt.isdigit() and int(nxt) > offset else None
+
+    def jobs(self, state: str = "all") -> list[JobSummary]:
+        """Every job ``state`` selects (``all``, ``live``, ``ended`` or a list of states), oldest
+        first, read a page at a time."""
+        out: list[JobSummary] = []
+        offset: int | None = 0
+        while offset is not None:
+            page, offset = self.jobs_page(state=state, offset=offset)
+            out.extend(page)
+        return out
+
+    def recent_jobs(self, ended: int) -> list[JobSummary]:
+        """The live jobs and the ``ended`` newest ended ones, oldest first (``spotrain status``)."""
+        live = self.jobs("live")
+        done = self.jobs_page(state="ended", limit=ended, order="newest")[0] if ended > 0 else []
+        return sorted(live + done, key=lambda j: (j.submitted_at, j.job_id))
 
     def job(self, ref: str) -> JobSummary:
         return self._parse(JobSummary, self._call("GET", f"/v1/jobs/{ref}"))

@@ -1,6 +1,8 @@
 """The controller's dashboard at ``/ui``: server-rendered HTML, no JavaScript and no build step.
 
-- ``/ui``: the jobs table (state, progress, workers, cost, preemptions), refreshed every 10 s by a
+- ``/ui``: the jobs table (state, progress, workers, cost, preemptions): the live jobs and the
+  ``RECENT_ENDED`` newest ended ones, older ones a page at a time (``/ui?older=N``), so the page
+  does not grow with history (issue 21, finding 7); refreshed every 10 s by a
   ``<meta http-equiv="refresh">``;
 - ``/ui/jobs/JOB``: one job, its report picture (``report.py``) and its events;
 - ``/ui/login``: a form that takes the API token and keeps it in a cookie.
@@ -9,12 +11,23 @@ Access is the API's token, as everywhere else (``api.RequestGuard`` checks it be
 a browser presents it in the ``spotrain_token`` cookie the login form sets (HttpOnly, SameSite=Strict,
 path ``/ui``), which is honoured on ``/ui`` paths only: it can never authorize an API call, so a
 cross-site request cannot act with it. A browser without it is sent to the login form.
+
+Every page says what the browser may do with it (issue 21, finding 14): a Content-Security-Policy
+that allows no script at all, the page's one stylesheet by its hash, images and forms from this
+origin only, and no framing (``frame-ancestors 'none'`` and ``X-Frame-Options: DENY``). The login
+form (and the logout form) carries a CSRF token, double-submitted: the form page sets it in a
+``spotrain_csrf`` cookie (HttpOnly, SameSite=Strict) and in a hidden field; a POST whose field does
+not equal its cookie is refused (403) before the token is even looked at. An empty token or API
+token never matches (issue 21, finding 4).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import html
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from http.cookies import CookieError, SimpleCookie
@@ -27,10 +40,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from .controller import Controller, job_summary
 from .domain import JobState
 from .errors import JobNotFound
+from .listing import job_page
+from .state.store import ENDED_SELECTOR, LIVE_SELECTOR
 
 PREFIX = "/ui"
 LOGIN_PATH = "/ui/login"
 COOKIE = "spotrain_token"
+CSRF_COOKIE = "spotrain_csrf"
+CSRF_FIELD = "csrf"
+# Ended jobs on the jobs page, the newest first; older ones a page of as many at a time.
+RECENT_ENDED = 50
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #1d3557; }
@@ -38,22 +57,45 @@ table { border-collapse: collapse; } th, td { padding: .3rem .8rem; border-botto
 th { background: #f1faee; } .SUCCEEDED { color: #2a9d8f; } .FAILED, .FAILED_BUDGET, .FAILED_NO_RESOURCE { color: #d62828; }
 .CANCELLED { color: #6c757d; } img { max-width: 100%; border: 1px solid #ddd; } code { background: #f1faee; }
 """
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+# No script at all; the one inline stylesheet by its hash; pictures and forms from here; no framing.
+CSP = (f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'self'; form-action 'self'; "
+       "frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = {"content-security-policy": CSP, "x-frame-options": "DENY", "x-content-type-options": "nosniff",
+                    "referrer-policy": "no-referrer"}
+
+
+def _same_secret(given: str, expected: str) -> bool:
+    """Constant-time equality of two secrets, never true when either is empty."""
+    return bool(given) and bool(expected) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _cookie(cookie_header: str, name: str) -> str:
+    try:
+        jar = SimpleCookie(cookie_header)
+    except CookieError:
+        return ""
+    morsel = jar.get(name)
+    return morsel.value if morsel is not None else ""
 
 
 def cookie_token_ok(cookie_header: str, token: str) -> bool:
     """Whether the ``Cookie`` header carries the API token in ``spotrain_token``."""
-    try:
-        jar = SimpleCookie(cookie_header)
-    except CookieError:
-        return False
-    morsel = jar.get(COOKIE)
-    return morsel is not None and hmac.compare_digest(morsel.value.encode(), token.encode())
+    return _same_secret(_cookie(cookie_header, COOKIE), token)
 
 
-def _page(title: str, body: str, *, refresh_s: int | None = None) -> HTMLResponse:
+def secured(resp: Response) -> Response:
+    """``resp`` with the dashboard's security headers (the module doc)."""
+    resp.headers.update(SECURITY_HEADERS)
+    return resp
+
+
+def _page(title: str, body: str, *, refresh_s: int | None = None, status_code: int = 200) -> HTMLResponse:
     meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
-    return HTMLResponse(f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>{meta}'
-                        f"<style>{_STYLE}</style></head><body>{body}</body></html>")
+    page = HTMLResponse(f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>{meta}'
+                        f"<style>{_STYLE}</style></head><body>{body}</body></html>", status_code=status_code)
+    secured(page)
+    return page
 
 
 def _money(x: float | None) -> str:
@@ -97,11 +139,51 @@ def _job_page(j: dict[str, Any], events: list[Any]) -> str:
             f'<h2>Events</h2><table id="events"><tr><th>time</th><th>kind</th><th>state</th><th>reason</th></tr>{ev}</table>')
 
 
-def _login_form(message: str = "") -> str:
+def _csrf_field(csrf: str) -> str:
+    return f'<input type="hidden" name="{CSRF_FIELD}" value="{html.escape(csrf)}">'
+
+
+def _login_form(csrf: str, message: str = "") -> str:
     note = f'<p class="FAILED">{html.escape(message)}</p>' if message else ""
-    return (f"<h1>spotrain</h1>{note}<form method=\"post\" action=\"{LOGIN_PATH}\">"
+    return (f"<h1>spotrain</h1>{note}<form method=\"post\" action=\"{LOGIN_PATH}\">{_csrf_field(csrf)}"
             '<label>API token (<code>$SPOTRAIN_HOME/token</code>) <input type="password" name="token" id="token" autofocus>'
             '</label> <button type="submit" id="login">Log in</button></form>')
+
+
+def _logout_form(csrf: str) -> str:
+    return (f'<form method="post" action="{PREFIX}/logout">{_csrf_field(csrf)}'
+            '<button type="submit" id="logout">Log out</button></form>')
+
+
+def _with_csrf(page: Response, csrf: str) -> Response:
+    """Set the CSRF cookie that the page's forms must send back."""
+    page.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict", path=PREFIX)
+    return page
+
+
+def _csrf_of(cookie_header: str) -> str:
+    """The browser's CSRF token, or a fresh one for a browser without."""
+    given = _cookie(cookie_header, CSRF_COOKIE)
+    return given if 16 <= len(given) <= 128 and given.replace("-", "").replace("_", "").isalnum() else secrets.token_urlsafe(32)
+
+
+def _csrf_ok(request: Request, form: Mapping[str, list[str]]) -> bool:
+    """A state-changing POST's CSRF check: its form field equals its cookie (both non-empty)."""
+    return _same_secret((form.get(CSRF_FIELD) or [""])[0], _cookie(request.headers.get("cookie", ""), CSRF_COOKIE))
+
+
+def _csrf_refused() -> Response:
+    return _page("spotrain", "<h1>spotrain</h1><p class=\"FAILED\">This form is stale or was not sent from this "
+                 f'dashboard; <a href="{LOGIN_PATH}">log in again</a>.</p>', status_code=403)
+
+
+def _older_link(older: int, more: bool) -> str:
+    links = []
+    if older > 0:
+        links.append(f'<a href="{PREFIX}?older={max(0, older - RECENT_ENDED)}" id="newer">newer ended jobs</a>')
+    if more:
+        links.append(f'<a href="{PREFIX}?older={older + RECENT_ENDED}" id="older">older ended jobs</a>')
+    return f"<p>{' | '.join(links)}</p>" if links else ""
 
 
 def dashboard_router(controller: Controller, token: str, report_png: Callable[[str], bytes]) -> APIRouter:
@@ -110,14 +192,22 @@ def dashboard_router(controller: Controller, token: str, report_png: Callable[[s
     store = controller.store
 
     @router.get(PREFIX)
-    def jobs_page() -> HTMLResponse:
+    def jobs_page(request: Request, older: int = 0) -> Response:
+        """Live jobs and a page of ended ones (``older``: ended jobs skipped, the newest first): a
+        fixed number of queries however many jobs ended (``listing.py``)."""
+        older = max(0, older)
         with store.session() as s:
-            jobs = [job_summary(j, store.instances(s, j.job_id)).to_json_dict() for j in store.jobs(s)]
-        live = any(not JobState(j["state"]).terminal for j in jobs)
-        return _page("spotrain jobs", f"<h1>Jobs</h1>{_jobs_table(jobs)}", refresh_s=10 if live else None)
+            live = job_page(store, s, state=LIVE_SELECTOR, limit=1000)
+            ended = job_page(store, s, state=ENDED_SELECTOR, limit=RECENT_ENDED, offset=older, order="newest")
+        jobs = [j.to_json_dict() for j in live.jobs] + [j.to_json_dict() for j in reversed(ended.jobs)]
+        jobs.sort(key=lambda j: j["submitted_at"])
+        csrf = _csrf_of(request.headers.get("cookie", ""))
+        body = (f"<h1>Jobs</h1>{_jobs_table(jobs)}{_older_link(older, ended.next_offset is not None)}"
+                f"<p>{live.total} live, {ended.total} ended</p>{_logout_form(csrf)}")
+        return _with_csrf(_page("spotrain jobs", body, refresh_s=10 if live.jobs else None), csrf)
 
     @router.get(PREFIX + "/jobs/{ref}")
-    def job_page(ref: str) -> HTMLResponse:
+    def one_job_page(ref: str) -> HTMLResponse:
         with store.session() as s:
             job = store.job(s, ref)
             if job is None:
@@ -129,27 +219,32 @@ def dashboard_router(controller: Controller, token: str, report_png: Callable[[s
 
     @router.get(PREFIX + "/jobs/{ref}/report.png")
     def job_report(ref: str) -> Response:
-        return Response(report_png(ref), media_type="image/png", headers={"cache-control": "no-store"})
+        return secured(Response(report_png(ref), media_type="image/png", headers={"cache-control": "no-store"}))
 
     @router.get(LOGIN_PATH)
-    def login_form() -> HTMLResponse:
-        return _page("spotrain login", _login_form())
+    def login_form(request: Request) -> Response:
+        csrf = _csrf_of(request.headers.get("cookie", ""))
+        return _with_csrf(_page("spotrain login", _login_form(csrf)), csrf)
 
     @router.post(LOGIN_PATH)
     async def login(request: Request) -> Response:
         form = parse_qs((await request.body()).decode(errors="replace"))
+        if not _csrf_ok(request, form):
+            return _csrf_refused()
         given = (form.get("token") or [""])[0].strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            page = _page("spotrain login", _login_form("That is not this controller's token."))
-            page.status_code = 401
-            return page
-        resp = RedirectResponse(PREFIX, status_code=303)
+        if not _same_secret(given, token):
+            csrf = _csrf_of(request.headers.get("cookie", ""))
+            page = _page("spotrain login", _login_form(csrf, "That is not this controller's token."), status_code=401)
+            return _with_csrf(page, csrf)
+        resp = secured(RedirectResponse(PREFIX, status_code=303))
         resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", path=PREFIX)
         return resp
 
-    @router.get(PREFIX + "/logout")
-    def logout() -> Response:
-        resp = RedirectResponse(LOGIN_PATH, status_code=303)
+    @router.post(PREFIX + "/logout")
+    async def logout(request: Request) -> Response:
+        if not _csrf_ok(request, parse_qs((await request.body()).decode(errors="replace"))):
+            return _csrf_refused()
+        resp = secured(RedirectResponse(LOGIN_PATH, status_code=303))
         resp.delete_cookie(COOKIE, path=PREFIX)
         return resp
 

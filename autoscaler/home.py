@@ -22,10 +22,13 @@ database (``state/store.py``) and the secrets are 0600 themselves (issue 14, fin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 from pathlib import Path
+
+from .errors import SpotrainError
 
 
 def private_dir(p: Path) -> Path:
@@ -56,20 +59,55 @@ def token_path() -> Path:
 
 
 def ensure_token() -> str:
-    """Read the API token, creating it (mode 0600) if absent."""
+    """Read the API token, creating it (mode 0600) if absent; ``SecretError`` for an empty or
+    unreadable one (issue 21, finding 4)."""
     return ensure_secret(token_path())
 
 
+class SecretError(SpotrainError):
+    """A secret file (the API token, the agents' key) exists but is empty or unreadable: the
+    controller refuses to start rather than accept an empty credential."""
+
+
+def _read_secret(p: Path) -> str:
+    try:
+        tok = p.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SecretError(f"{p}: cannot read the secret ({type(exc).__name__}: {exc}); "
+                          "fix or delete it and start again") from None
+    if not tok:
+        raise SecretError(f"{p}: the secret is empty (a first start on a full disk?); delete it and start again")
+    return tok
+
+
 def ensure_secret(p: Path) -> str:
-    """Read a secret file, creating it with a fresh random token (mode 0600, never wider) if absent."""
-    if p.exists():
-        if p.stat().st_mode & 0o077:
-            os.chmod(p, 0o600)  # a secret readable by others is narrowed, not used as found
-        return p.read_text().strip()
+    """Read a secret file, creating it with a fresh random token (mode 0600, never wider) if absent.
+
+    It is written to a temporary file, flushed to disk and then linked into place, so a full disk or
+    a crash leaves either no file or a whole one, never an empty secret; an empty or unreadable one
+    found raises ``SecretError`` (an empty token must never mean "no password")."""
+    if os.path.lexists(p):
+        with contextlib.suppress(OSError):  # an unreadable one is refused by _read_secret
+            if p.stat().st_mode & 0o077:
+                os.chmod(p, 0o600)  # a secret readable by others is narrowed, not used as found
+        return _read_secret(p)
     tok = secrets.token_urlsafe(32)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(tok + "\n")
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(tok + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, p)  # never replaces one a concurrent start made first
+        except FileExistsError:
+            return _read_secret(p)
+    except OSError as exc:
+        raise SecretError(f"{p}: cannot write a new secret ({type(exc).__name__}: {exc})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
     return tok
 
 

@@ -61,7 +61,7 @@ def prepare(url: str, token: str, workdir: Path) -> list[str]:
         c.post(f"/v1/jobs/{ids[2]}/cancel").raise_for_status()
         deadline = time.time() + 60
         while time.time() < deadline:  # until the long ones run and the short one is done
-            states = {j["job_id"]: j["state"] for j in c.get("/v1/jobs").json()}
+            states = {j["job_id"]: j["state"] for j in c.get("/v1/jobs", params={"state": "all"}).json()}
             if states[ids[0]] == states[ids[1]] == "RUNNING" and states[ids[3]] == "SUCCEEDED":
                 break
             time.sleep(0.5)

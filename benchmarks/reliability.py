@@ -39,6 +39,7 @@ CHECKS = [
     ("price_spikes_gap", "Price rise past the guard's reserve", "tests/reliability/test_price_spikes.py"),
     ("hostile_jobfiles", "Hostile job files (FIFO, /dev/zero, huge)", "tests/reliability/test_hostile_jobfiles.py"),
     ("hostile_workdirs", "Hostile workdirs (ignore file, globs, files)", "tests/reliability/test_hostile_jobfiles.py"),
+    ("list_latency", "List views at 10,000 finished jobs", "tests/reliability/test_list_views_10k.py"),
 ]
 
 

@@ -8,6 +8,7 @@ and shows its report picture (the browser decoded a PNG of the expected size).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -52,11 +53,16 @@ def check_cookie_opens_ui_pages_only(url: str, token: str) -> None:
     with httpx.Client(base_url=url) as c:
         r = c.get("/ui")
         assert r.status_code == 303 and r.headers["location"] == "/ui/login"
-        assert c.get("/ui/login").status_code == 200
+        login = c.get("/ui/login")
+        assert login.status_code == 200
+        found = re.search(r'name="csrf" value="([^"]+)"', login.text)  # the form's CSRF token (its cookie is in c)
+        assert found, login.text
+        csrf = found.group(1)
         form = {"content-type": "application/x-www-form-urlencoded"}
-        bad = c.post("/ui/login", content="token=wrong", headers=form)
+        bad = c.post("/ui/login", content=f"csrf={csrf}&token=wrong", headers=form)
         assert bad.status_code == 401 and "spotrain_token" not in bad.headers.get("set-cookie", "")
-        ok = c.post("/ui/login", content=f"token={token}", headers=form)
+        assert c.post("/ui/login", content=f"token={token}", headers=form).status_code == 403  # no CSRF token
+        ok = c.post("/ui/login", content=f"csrf={csrf}&token={token}", headers=form)
         assert ok.status_code == 303 and "HttpOnly" in ok.headers["set-cookie"]
         cookie = {"cookie": f"spotrain_token={token}"}
         assert c.get("/ui", headers=cookie).status_code == 200

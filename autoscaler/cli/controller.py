@@ -295,7 +295,7 @@ def status_command(as_json: bool) -> None:
         c = Client()
         try:
             h = c.healthz()
-            live = [j for j in c.jobs() if not j.state.terminal]
+            live = c.jobs("live")
         except ControllerUnreachable:
             pass
         else:

@@ -162,11 +162,12 @@ def watch_status(job_ref: str | None, *, interval_s: float = 2.0) -> None:
     """``spotrain status --watch``: the table (or one job's line) redrawn until Ctrl-C, or until the
     job ends when one is named."""
     from . import render
+    from .render import RECENT_ENDED
 
     client = any_client()
     tty = sys.stdout.isatty()
     while True:
-        jobs = [client.job(job_ref).to_json_dict()] if job_ref else [j.to_json_dict() for j in client.jobs()]
+        jobs = [client.job(job_ref).to_json_dict()] if job_ref else [j.to_json_dict() for j in client.recent_jobs(RECENT_ENDED)]
         text = render.table(jobs) if jobs else "no jobs"
         if tty:
             print("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S  ") + "spotrain status --watch (Ctrl-C to stop)\n" + text,

@@ -23,23 +23,35 @@ def _controller_running() -> bool:
     return read_controller_info() is not None
 
 
-def _offline_jobs(job_ref: str | None) -> Any:
+def _offline_jobs(job_ref: str | None, *, all_jobs: bool = False) -> Any:
     """The API's JSON from the database: a SQLite file read with ``sqlite3`` (fast), any other URL
-    through the Store."""
+    through the Store. A list: the live jobs and the ``RECENT_ENDED`` newest ended ones, or every
+    job with ``all_jobs``."""
     from ..home import db_url
     from .offline import offline_summaries
+    from .render import RECENT_ENDED
 
-    found = offline_summaries(db_url(), job_ref)
+    recent = None if all_jobs else RECENT_ENDED
+    found = offline_summaries(db_url(), job_ref, recent_ended=recent)
     if found is not None:
         return found
     from ..errors import JobNotFound
+    from ..listing import MAX_LIMIT, job_page
     from ..state import Store
     from ..summary import job_summary
 
     store = Store(db_url())
     with store.session() as s:
         if job_ref is None:
-            return [job_summary(j, store.instances(s, j.job_id)).to_json_dict() for j in store.jobs(s)]
+            pages = [job_page(store, s, state="live", limit=MAX_LIMIT)]
+            if recent is None:
+                pages = [job_page(store, s, state="all", limit=MAX_LIMIT)]
+                while pages[-1].next_offset is not None:
+                    pages.append(job_page(store, s, state="all", limit=MAX_LIMIT, offset=pages[-1].next_offset))
+            else:
+                pages.append(job_page(store, s, state="ended", limit=recent, order="newest"))
+            jobs = sorted((j for p in pages for j in p.jobs), key=lambda j: (j.submitted_at, j.job_id))
+            return [j.to_json_dict() for j in jobs]
         j = store.job(s, job_ref)
         if j is None:
             raise JobNotFound(f"no job {job_ref!r}")
@@ -50,8 +62,10 @@ def _offline_jobs(job_ref: str | None) -> Any:
 @click.argument("job_ref", metavar="[JOB]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on the last line (a list without JOB).")
 @click.option("--watch", is_flag=True, help="Redraw every 2 s (until JOB ends, or Ctrl-C); needs a running controller.")
-def status_command(job_ref: str | None, as_json: bool, watch: bool) -> None:
-    """Show all jobs as a table, or one JOB (id or name) in detail."""
+@click.option("--all", "all_jobs", is_flag=True,
+              help="List every job; without it, the live jobs and the 20 newest ended ones.")
+def status_command(job_ref: str | None, as_json: bool, watch: bool, all_jobs: bool) -> None:
+    """Show the live and recently ended jobs as a table (--all: every job), or one JOB (id or name) in detail."""
     if watch and _controller_running():
         from .follow import watch_status
 
@@ -65,12 +79,13 @@ def status_command(job_ref: str | None, as_json: bool, watch: bool) -> None:
 
         try:
             c = Client()
-            found: JobSummary | list[JobSummary] = c.job(job_ref) if job_ref else c.jobs()
+            found: JobSummary | list[JobSummary] = (
+                c.job(job_ref) if job_ref else c.jobs("all") if all_jobs else c.recent_jobs(render.RECENT_ENDED))
             data = [j.to_json_dict() for j in found] if isinstance(found, list) else found.to_json_dict()
         except ControllerUnreachable:
             data = None
     if data is None:
-        data = _offline_jobs(job_ref)
+        data = _offline_jobs(job_ref, all_jobs=all_jobs)
     if as_json:
         click.echo(render.as_json(data))
     elif job_ref is None:

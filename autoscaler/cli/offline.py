@@ -17,6 +17,8 @@ from typing import Any
 from ..errors import JobNotFound, SpotrainError
 
 _SQLITE = "sqlite:///"
+# The ended states (``domain.TERMINAL``; not imported: this module stays light).
+_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET")
 
 
 class Row:
@@ -67,8 +69,28 @@ class OfflineDb:
         except sqlite3.DatabaseError as exc:
             raise _unusable(self.path, f"{type(exc).__name__}: {exc}") from None
 
-    def jobs(self) -> list[Row]:
-        return self._rows("SELECT * FROM jobs ORDER BY submitted_at")
+    def jobs(self, *, recent_ended: int | None = None) -> list[Row]:
+        """Every job, oldest first; with ``recent_ended``, the live jobs and that many of the newest
+        ended ones (``spotrain status`` without --all; the state index finds them)."""
+        if recent_ended is None:
+            return self._rows("SELECT * FROM jobs ORDER BY submitted_at, job_id")
+        ended = ", ".join(f"'{s}'" for s in _ENDED)
+        live = self._rows(f"SELECT * FROM jobs WHERE state NOT IN ({ended}) ORDER BY submitted_at, job_id")
+        done = self._rows(f"SELECT * FROM jobs WHERE state IN ({ended}) ORDER BY submitted_at DESC, job_id DESC LIMIT ?",
+                          (recent_ended,))
+        return sorted(live + done, key=lambda r: (r.submitted_at, r.job_id))
+
+    def instances_of(self, job_ids: list[str]) -> dict[str, list[Row]]:
+        """The instances of each job, in ``instances``' order, one query per 500 jobs."""
+        out: dict[str, list[Row]] = {j: [] for j in job_ids}
+        ids = sorted(out)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            marks = ", ".join("?" * len(chunk))
+            for r in self._rows(f"SELECT * FROM instances WHERE job_id IN ({marks}) ORDER BY launched_at_s, instance_id",
+                                tuple(chunk)):
+                out[r.job_id].append(r)
+        return out
 
     def job(self, ref: str) -> Row:
         """By id, or by name (the newest job of that name), as ``Store.job``."""
@@ -85,9 +107,9 @@ class OfflineDb:
         return self._rows("SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,))
 
 
-def offline_summaries(url: str, job_ref: str | None) -> Any:
-    """The API's JSON of ``job_ref`` (a ``JobSummary``'s fields), or the list of all; None when
-    ``url`` is not a SQLite file. Plain values: not even pydantic is imported."""
+def offline_summaries(url: str, job_ref: str | None, *, recent_ended: int | None = None) -> Any:
+    """The API's JSON of ``job_ref`` (a ``JobSummary``'s fields), or the list (``OfflineDb.jobs``);
+    None when ``url`` is not a SQLite file. Plain values: not even pydantic is imported."""
     path = sqlite_path(url)
     if path is None:
         return None
@@ -95,7 +117,9 @@ def offline_summaries(url: str, job_ref: str | None) -> Any:
 
     db = OfflineDb(path)
     if job_ref is None:
-        return finite_json([summary_dict(j, db.instances(j.job_id)) for j in db.jobs()])
+        jobs = db.jobs(recent_ended=recent_ended)
+        rows = db.instances_of([j.job_id for j in jobs])
+        return finite_json([summary_dict(j, rows[j.job_id]) for j in jobs])
     j = db.job(job_ref)
     return finite_json(summary_dict(j, db.instances(j.job_id)))
 

@@ -6,6 +6,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# ``spotrain status`` without --all: the live jobs and this many of the newest ended ones.
+RECENT_ENDED = 20
+
 
 def money(x: float | None) -> str:
     return "-" if x is None else f"${x:,.4f}" if x < 10 else f"${x:,.2f}"

@@ -79,7 +79,8 @@ def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping
     ready = [r for r in ctx.store.instances(s, job.job_id, alive_only=True) if r.state == InstanceState.RUNNING.value]
     want = sum(p.instances for p in alloc.placements)
     if len(ready) >= want and want > 0 and _gang_allowed(ctx, job, alloc, by_key):
-        start_gang(ctx, s, job, ready[:want], alloc.batch)
+        if ctx.start_failures.due(job.job_id, ctx.now()):  # a failed start waits its back-off
+            start_gang(ctx, s, job, ready[:want], alloc.batch)
     elif job.state == JobState.PENDING.value:
         ctx.transition(s, job, JobState.PROVISIONING, f"provisioning {alloc.reason}")
 

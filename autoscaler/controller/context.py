@@ -28,6 +28,7 @@ from ..policy import Policy
 from ..spec import JobSpec, spec_from_dict
 from ..state import Job, Store
 from .goodput import Fits
+from .start_failures import StartFailures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +155,8 @@ class Context:
     # Jobs whose ranks all exited 0 while their report read before the exit showed no completion:
     # the next tick's report (read after the exit) decides.
     exits_unconfirmed: set[str] = dataclasses.field(default_factory=set)
+    # Each job's gang starts that failed in a row, and when to try again (issue 21, finding 6).
+    start_failures: StartFailures = dataclasses.field(default_factory=StartFailures)
     # Whether this controller may act now: it holds its fleet's lease (always, without a lease). A
     # launch asks right before it calls the cloud; an error while it does not is the lease's loss.
     leading: Callable[[], bool] = lambda: True
@@ -202,7 +205,7 @@ class Context:
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
         for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
-                  self.moving_since, self.goodput):
+                  self.moving_since, self.goodput, self.start_failures.failures):
             d.pop(job_id, None)  # type: ignore[attr-defined]
         self.exits_unconfirmed.discard(job_id)
 

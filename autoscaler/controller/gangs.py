@@ -25,7 +25,7 @@ from ..domain import JobState
 from ..scaling import BatchConfig
 from ..state import InstanceRow, Job
 from ..state.models import ProgressSample
-from . import outcomes
+from . import outcomes, start_failures
 from .context import Context
 from .goodput import note_gang_batch, record_report
 from .launches import end_job
@@ -246,6 +246,8 @@ def gang_ended(ctx: Context, s: Session, job: Job, reason: str) -> None:
         marks = ctx.restart_marks[job.job_id] = {"disrupted": now_s}  # ended with no notice (a lost gang)
     marks["ended"] = now_s
     ctx.note(s, job, "gang-stopped", reason)
+    if job.state == JobState.PENDING.value:
+        return  # its gang never ran (recorded, then the controller died): nothing to recover from
     if stopping == "rescale":
         ctx.transition(s, job, JobState.RESCALING, "resizing: " + reason)
     else:
@@ -275,6 +277,29 @@ def gang_failed_user(ctx: Context, s: Session, job: Job, gang: list[InstanceRow]
     job.restarts_on_errors += 1
     ctx.transition(s, job, JobState.RECOVERING, outcomes.with_tail(
         f"user code failed: {what}; restart {job.restarts_on_errors} of {limit}", tail))
+
+
+def _start_failed(ctx: Context, s: Session, job: Job, started: list[InstanceRow], exc: Exception) -> None:
+    """The attempt could not start (``start_failures``): stop what it started, clear it, record the
+    cause, and retry later or end the job."""
+    for r in started:
+        ctx.executor.stop(r.instance_id)
+    attempt = job.attempt
+    _clear_gang(job)
+    what = start_failures.cause(exc)
+    if not start_failures.transient(exc):
+        ctx.note(s, job, start_failures.GANG_START_FAILED, f"attempt {attempt}: {what}; not retried (a permanent error)")
+        end_job(ctx, s, job, JobState.FAILED, f"cannot start the workers: {what}", why="the gang cannot start")
+        return
+    n, wait_s = ctx.start_failures.failed(job.job_id, ctx.now())
+    if n >= start_failures.MAX_START_FAILURES:
+        ctx.note(s, job, start_failures.GANG_START_FAILED, f"attempt {attempt}: {what}; {n} failures in a row")
+        end_job(ctx, s, job, JobState.FAILED, f"cannot start the workers ({n} tries): {what}", why="the gang cannot start")
+        return
+    reason = f"attempt {attempt} could not start: {what}; retrying in {wait_s:.0f} s ({n} of {start_failures.MAX_START_FAILURES})"
+    log.warning("job %s: %s", job.job_id, reason)
+    ctx.note(s, job, start_failures.GANG_START_FAILED, reason)
+    job.reason = reason
 
 
 def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], batch: BatchConfig | None = None) -> None:
@@ -313,13 +338,22 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], b
         env[protocol.ENV_BATCH_JSON] = json.dumps(batch.to_json())
     rank = 0
     log_dir = str(ctx.logs_dir(job.job_id))
-    for r in members:
-        r.first_rank = rank
-        ctx.executor.start(WorkerLaunch(
-            instance_id=r.instance_id, job_id=job.job_id, attempt=job.attempt, run=spec.run, setup=spec.setup,
-            cwd=job.workdir, ranks=list(range(rank, rank + r.gpus)), world_size=world,
-            master_addr=master_addr, master_port=job.gang_port, env=env, log_dir=log_dir,
-        ))
-        rank += r.gpus
+    started: list[InstanceRow] = []
+    try:
+        for r in members:
+            r.first_rank = rank
+            started.append(r)
+            ctx.executor.start(WorkerLaunch(
+                instance_id=r.instance_id, job_id=job.job_id, attempt=job.attempt, run=spec.run, setup=spec.setup,
+                cwd=job.workdir, ranks=list(range(rank, rank + r.gpus)), world_size=world,
+                master_addr=master_addr, master_port=job.gang_port, env=env, log_dir=log_dir,
+            ))
+            rank += r.gpus
+    except Exception as exc:
+        if not start_failures.handled(exc):
+            raise  # a bug of ours: the tick's containment (reconcile._contained)
+        _start_failed(ctx, s, job, started, exc)
+        return
+    ctx.start_failures.started(job.job_id)
     markets = ", ".join(f"{r.instance_id} {r.offering_key} {r.market}" for r in members)
     ctx.transition(s, job, JobState.RUNNING, f"attempt {job.attempt}: {world} worker(s) on {markets}")

@@ -13,7 +13,8 @@ contained (``_contained``). An error there other than the cloud's rolls back tha
 the last commit, is logged and noted on the job (``handling-error``), and the tick goes on for the
 others; the ``MAX_HANDLING_ERRORS``-th such error in a row (nothing else recorded for the job in
 between) fails the job with a one-line reason. A ``ProviderError`` still ends the tick (the cloud's
-trouble is every job's; the next tick retries).
+trouble is every job's; the next tick retries), except one raised while starting a job's gang: that
+is the job's alone, classified and retried or reported by ``start_failures.py`` (issue 21, finding 6).
 """
 
 from __future__ import annotations

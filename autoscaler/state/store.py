@@ -138,7 +138,31 @@ _ALIVE_INSTANCE_STATES = sorted(s.value for s in InstanceState if s is not Insta
 _INDEXES = (
     "CREATE INDEX IF NOT EXISTS ix_jobs_controller_state ON jobs (controller_id, state)",
     "CREATE INDEX IF NOT EXISTS ix_decisions_status ON decisions (status)",
+    # Lists page in submission order (issue 21, finding 7): a page's ids are found (and, for several
+    # states, sorted) in these covering indexes, never by sorting whole rows.
+    "CREATE INDEX IF NOT EXISTS ix_jobs_state_submitted ON jobs (state, submitted_at, job_id)",
+    "CREATE INDEX IF NOT EXISTS ix_jobs_submitted ON jobs (submitted_at, job_id)",
 )
+
+# What a list of jobs may ask for (``Store.job_page``): the live ones, the ended ones, every one.
+LIVE_SELECTOR, ENDED_SELECTOR, ALL_SELECTOR = "live", "ended", "all"
+
+
+def states_of(selector: str) -> list[str] | None:
+    """The job states a list's ``state`` selector names: ``live``, ``ended``, ``all`` (None: no
+    filter) or a comma-separated list of states (``RUNNING,FAILED``); ValueError naming a bad one."""
+    if selector == ALL_SELECTOR:
+        return None
+    if selector == LIVE_SELECTOR:
+        return list(_LIVE_STATES)
+    if selector == ENDED_SELECTOR:
+        return sorted(t.value for t in TERMINAL)
+    names = [n.strip().upper() for n in selector.split(",") if n.strip()]
+    bad = [n for n in names if n not in JobState.__members__]
+    if not names or bad:
+        raise ValueError(f"state: {selector!r} is not live, ended, all or a comma-separated list of "
+                         f"{', '.join(s.value for s in JobState)}")
+    return sorted(set(names))
 
 
 class Store(Database):
@@ -162,6 +186,43 @@ class Store(Database):
         if live_only:
             q = q.where(Job.state.in_(_LIVE_STATES))  # IN, not NOT IN: the index finds the few live jobs
         return list(s.scalars(q))
+
+    def job_page(self, s: Session, *, states: Collection[str] | None, limit: int, offset: int = 0,
+                 newest_first: bool = False) -> list[Job]:
+        """One page of jobs in ``states`` (None: any), in submission order (oldest first unless
+        ``newest_first``): one query, found by the (state, submitted_at) index however many jobs
+        ended before (issue 21, finding 7)."""
+        q = select(Job.job_id)
+        if states is not None:
+            q = q.where(Job.state.in_(sorted(states)))
+        order = (Job.submitted_at.desc(), Job.job_id.desc()) if newest_first else (Job.submitted_at, Job.job_id)
+        # The page's ids first, from the index alone (several states' ranges are merged by a sort of
+        # (submitted_at, job_id) pairs, not of whole rows: 140 ms at 10,000 ended jobs), then its rows.
+        ids = list(s.scalars(q.order_by(*order).limit(limit).offset(offset)))
+        by_id = {j.job_id: j for j in s.scalars(select(Job).where(Job.job_id.in_(ids)))} if ids else {}
+        return [by_id[i] for i in ids if i in by_id]
+
+    def count_jobs(self, s: Session, states: Collection[str] | None = None) -> int:
+        q = select(func.count()).select_from(Job)
+        if states is not None:
+            q = q.where(Job.state.in_(sorted(states)))
+        return int(s.scalar(q) or 0)
+
+    def job_counts(self, s: Session) -> dict[str, int]:
+        """How many jobs are in each state (one grouped query)."""
+        return {state: int(n) for state, n in s.execute(select(Job.state, func.count()).group_by(Job.state))}
+
+    def instances_of(self, s: Session, job_ids: Collection[str]) -> dict[str, list[InstanceRow]]:
+        """The instances of each of ``job_ids``, in ``instances``' order, in one query per 500 jobs
+        (a list page shows its jobs without one query per job)."""
+        out: dict[str, list[InstanceRow]] = {j: [] for j in job_ids}
+        ids = sorted(out)
+        for i in range(0, len(ids), 500):
+            q = (select(InstanceRow).where(InstanceRow.job_id.in_(ids[i:i + 500]))
+                 .order_by(InstanceRow.launched_at_s, InstanceRow.instance_id))
+            for row in s.scalars(q):
+                out[row.job_id].append(row)
+        return out
 
     def job_ids(self, s: Session, controller_id: str) -> set[str]:
         return set(s.scalars(select(Job.job_id).where(Job.controller_id == controller_id)))

@@ -152,7 +152,7 @@ def interrupt_training(jobs: list[dict[str, Any]], controller_id: str) -> thread
 
 
 def all_jobs() -> list[dict[str, Any]]:
-    r = run_cli("status", "--json")
+    r = run_cli("status", "--all", "--json")
     assert r.returncode == 0, r.stderr
     jobs = json.loads(r.stdout.strip().splitlines()[-1])
     assert isinstance(jobs, list)

@@ -164,7 +164,7 @@ def submit(name: str, tmp_path: Path, proc: subprocess.Popen[bytes]) -> str | No
 
 
 def all_jobs() -> list[dict[str, Any]]:
-    r = run_cli("status", "--json")
+    r = run_cli("status", "--all", "--json")
     assert r.returncode == 0, r.stderr
     jobs = json.loads(r.stdout.strip().splitlines()[-1])
     assert isinstance(jobs, list)
