@@ -3,8 +3,8 @@
 ``spotrain controller start --executor remote`` binds a second socket, ``--agent-host`` (default
 ``--host``) and ``--agent-port`` (default ``--port`` + 1; 0 picks a free port), and serves there, with
 uvicorn in a thread of its own, an app with the agents' endpoints only (``api_agents.py``), behind the
-same request guard as the user API (the credential checked from the headers before any byte of a
-body is read; bodies bounded and timed). TLS uses the controller's self-signed certificate
+same request guard as the user API (the agent's signature checked from the headers before any byte of
+a body is read; bodies bounded and timed). TLS uses the controller's self-signed certificate
 (``tls.py``), which every instance's agent config carries and the agent pins. The user API stays plain
 HTTP on ``--host``/``--port`` (loopback by default) and no longer serves the agents' paths, so only
 the agents' port has to be reachable from the instances.
@@ -27,9 +27,9 @@ from fastapi import FastAPI
 from starlette.datastructures import Headers
 
 from .api import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestGuard, install_error_handlers
-from .api_agents import AGENT_PATHS, agent_router
+from .api_agents import AGENT_PATHS, agent_router, signed_by_agent
 from .errors import SpotrainError
-from .remote_executor import RemoteExecutor, decision_of
+from .remote_executor import RemoteExecutor
 from .tls import AgentCert, ensure_agent_cert
 
 
@@ -39,9 +39,7 @@ def agents_app(executor: RemoteExecutor) -> FastAPI:
     install_error_handlers(app)
 
     def authorized(path: str, headers: Headers) -> bool:
-        authorization = headers.get("authorization", "")
-        credential = authorization[len("Bearer "):] if authorization.startswith("Bearer ") else ""
-        return path in AGENT_PATHS and bool(credential) and decision_of(executor.agent_token, credential) is not None
+        return path in AGENT_PATHS and signed_by_agent(executor, path, headers)
 
     app.add_middleware(RequestGuard, authorized=authorized, public_paths=(), max_body_bytes=MAX_BODY_BYTES,
                        body_timeout_s=BODY_TIMEOUT_S)

@@ -34,7 +34,7 @@ import pytest
 from cloud_providers.agent_boot import installed_version
 from cloud_providers.aws import userdata
 from cloud_providers.remote.tls import pinned_context
-from support import start_controller, worker_pids
+from support import agent_signer, start_controller, worker_pids
 
 from .harness import TEST_SPOT_PRICES, MotoServer, ec2_client
 from .test_aws_remote import AGENT_MODULE, TERMINAL, Machine, free_port, moto_instances
@@ -122,20 +122,20 @@ def test_finding7_workdir_ships_through_the_store_and_agents_talk_tls(spotrain_h
                                                  [m.log.read_text()[-2000:] for m in machines.values()])
 
             # The plain-HTTP user API does not serve the agents, not even with a valid agent credential.
-            agent_auth = {"Authorization": f"Bearer {config['agent_credential']}"}
-            assert httpx.get(info["url"] + "/v1/agent/assignment", headers=agent_auth).status_code == 401
+            agent_auth = agent_signer(str(config["agent_credential"]))
+            assert httpx.get(info["url"] + "/v1/agent/assignment", auth=agent_auth).status_code == 401
             # The agents' listener is TLS only, with the pinned certificate: plain HTTP gets no answer,
             # and a client that trusts only public CAs refuses the certificate.
             agents_url = str(config["controller_url"])
             with pytest.raises(httpx.HTTPError):
-                httpx.get(agents_url.replace("https://", "http://") + "/v1/agent/assignment", headers=agent_auth,
+                httpx.get(agents_url.replace("https://", "http://") + "/v1/agent/assignment", auth=agent_auth,
                           timeout=5)
             with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-                httpx.get(agents_url + "/v1/agent/assignment", headers=agent_auth, timeout=5)
+                httpx.get(agents_url + "/v1/agent/assignment", auth=agent_auth, timeout=5)
             # With the pinned certificate: the agent credential opens its assignment, the user token nothing.
             pinned = pinned_context(agents_url, str(config["controller_cert_pem"]))
             with httpx.Client(base_url=agents_url, verify=pinned, timeout=5) as agents:
-                assert agents.get("/v1/agent/assignment", headers=agent_auth).status_code == 410  # terminated
+                assert agents.get("/v1/agent/assignment", auth=agent_auth).status_code == 410  # terminated
                 assert agents.get("/v1/agent/assignment", headers=api.headers).status_code == 401
                 assert agents.get("/v1/jobs", headers=api.headers).status_code == 401
             cert = spotrain_home / "agent-tls.crt"
