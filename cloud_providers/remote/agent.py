@@ -23,7 +23,8 @@ have and it has reported so.
 
 Files under ``state_dir``: ``attempts/<n>/notice.json`` and ``progress.json`` (the worker protocol's
 notice and progress files), ``logs/<job_id>/`` (setup and rank logs), ``setup-<job_id>.done`` (setup
-runs once per instance) and ``agent-state.json`` (the last attempt started, so a restarted agent never
+runs once per instance), ``agent-seq.json`` (the request counter's reserved block, ``RequestCounter``)
+and ``agent-state.json`` (the last attempt started, so a restarted agent never
 starts an attempt twice: its old workers are gone, and it reports them ``stopped``).
 """
 
@@ -301,6 +302,7 @@ class Agent:
         self._last_sent: dict[str, Any] | None = None
         self._last_sent_at = float("-inf")
         self._unreachable_since: float | None = None
+        self._refused_with = ""  # "HTTP NNN" of the last refusal while unreachable (logged once a run)
         # (attempt, rank) -> how much of that rank's log the controller has (``_ship_output``).
         self._shipped: dict[tuple[int, int], int] = {}
         self._restore()
@@ -494,13 +496,18 @@ class Agent:
             self._send(self.report(), force=False)
             if self._unreachable_since is not None:
                 log.warning("controller reachable again after %.0f s", self._clock() - self._unreachable_since)
-                self._unreachable_since = None
+                self._unreachable_since, self._refused_with = None, ""
         except ControllerUnreachable as exc:
             if self.gang is not None:
                 self.gang.poll()
             if self._unreachable_since is None:
                 self._unreachable_since = self._clock()
                 log.warning("controller unreachable (%s): the workers go on; retrying", exc)
+            elif str(exc).startswith("HTTP ") and str(exc)[:8] != self._refused_with:
+                # A controller that answers but refuses (a new leader that does not know this agent,
+                # say) is worth its own line, even after a connection error was logged.
+                log.warning("controller refuses this agent (%s): the workers go on; retrying", exc)
+            self._refused_with = str(exc)[:8] if str(exc).startswith("HTTP ") else ""
         except InstanceGone:
             log.info("the controller has terminated this instance: stopping the workers and exiting")
             self._stop()

@@ -123,6 +123,7 @@ def test_finding7_workdir_ships_through_the_store_and_agents_talk_tls(spotrain_h
 
             # The plain-HTTP user API does not serve the agents, not even with a valid agent credential.
             agent_auth = agent_signer(str(config["agent_credential"]))
+            agent_auth.counter.advance_past(10**12)  # above every counter the agent itself has used
             assert httpx.get(info["url"] + "/v1/agent/assignment", auth=agent_auth).status_code == 401
             # The agents' listener is TLS only, with the pinned certificate: plain HTTP gets no answer,
             # and a client that trusts only public CAs refuses the certificate.
