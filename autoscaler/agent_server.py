@@ -23,8 +23,10 @@ import threading
 from typing import Any
 from urllib.parse import urlparse
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from starlette.datastructures import Headers
+
+from cloud_providers.agent_boot import WHEEL_PATH
 
 from .api import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestGuard, install_error_handlers
 from .api_agents import AGENT_PATHS, agent_router, signed_by_agent
@@ -34,14 +36,23 @@ from .tls import AgentCert, ensure_agent_cert
 
 
 def agents_app(executor: RemoteExecutor) -> FastAPI:
-    """The agents' endpoints alone, each request's credential checked first (``RequestGuard``)."""
+    """The agents' endpoints alone, each request's credential checked first (``RequestGuard``), and
+    the controller's wheel for booting instances (public: it is the code they will run, no secret,
+    and the boot checks its sha256 from the agent config)."""
     app = FastAPI(title="spotrain agents", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    wheel = executor.agent_wheel
+    public = (WHEEL_PATH + wheel.name,) if wheel is not None else ()
+    if wheel is not None:
+        @app.get(WHEEL_PATH + wheel.name)
+        def agent_wheel() -> Response:
+            return Response(content=wheel.data, media_type="application/octet-stream",
+                            headers={"content-disposition": f"attachment; filename={wheel.name}"})
 
     def authorized(path: str, headers: Headers) -> bool:
         return path in AGENT_PATHS and signed_by_agent(executor, path, headers)
 
-    app.add_middleware(RequestGuard, authorized=authorized, public_paths=(), max_body_bytes=MAX_BODY_BYTES,
+    app.add_middleware(RequestGuard, authorized=authorized, public_paths=public, max_body_bytes=MAX_BODY_BYTES,
                        body_timeout_s=BODY_TIMEOUT_S)
     app.include_router(agent_router(executor))
     return app

@@ -240,6 +240,8 @@ class RemoteExecutor:
         self._workdirs: dict[str, dict[str, Any]] = {}
         # True once the agents' endpoints are served on their own TLS listener (``agent_server.py``).
         self.served_apart = False
+        # The controller's wheel that listener serves to booting instances (``agent_wheel.py``), if any.
+        self.agent_wheel: Any = None
 
     def workdir_for(self, launch: WorkerLaunch) -> dict[str, Any] | None:
         """The job's shipped workdir for its assignments (``workdir.py``), made at its first start here:

@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -31,7 +32,7 @@ import boto3
 import httpx
 import pytest
 
-from cloud_providers.agent_boot import installed_version
+from cloud_providers.agent_boot import FETCH_WHEEL, PIP_WHEEL, installed_version
 from cloud_providers.aws import userdata
 from cloud_providers.remote.tls import pinned_context
 from support import agent_signer, start_controller, worker_pids
@@ -71,11 +72,21 @@ def boot_tls(instance_id: str, root: Path, env: dict[str, str]) -> tuple[Machine
     text = base64.b64decode(attr["UserData"]["Value"]).decode()
     commands = userdata.commands(text)
     assert commands[-1][-4:] == ["-m", AGENT_MODULE, "--config", userdata.CONFIG_PATH], commands
-    # The agent is installed pinned to the controller's version, never as a bare name.
-    pip = [c for c in commands if "pip" in c]
-    assert pip and pip[0][-1] == f"spotrain[aws]=={installed_version()}", commands
-    assert "--index-url" in pip[0], commands
+    # The agent is installed pinned to the controller's version, never as a bare name: by default the
+    # controller's own wheel, fetched and checked against the config's sha256 (issue 21, finding 14).
+    assert [c[1:3] for c in commands[1:3]] == [["-c", FETCH_WHEEL], ["-c", PIP_WHEEL]], commands
+    assert not any("--index-url" in c for c in commands), commands
     config = userdata.decode(text)
+    assert config["agent_wheel"] == f"spotrain-{installed_version()}-py3-none-any.whl", config
+    # The boot's fetch, run against the controller as the instance would: the served wheel's hash holds.
+    wheel_dir = root / f"{instance_id}-wheel"
+    wheel_dir.mkdir(parents=True)
+    (wheel_dir / "agent.json").write_text(json.dumps(config))
+    fetch = subprocess.run([sys.executable, "-c", FETCH_WHEEL, str(wheel_dir / "agent.json"), str(wheel_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert fetch.returncode == 0, fetch.stderr
+    got = (wheel_dir / str(config["agent_wheel"])).read_bytes()
+    assert hashlib.sha256(got).hexdigest() == config["agent_wheel_sha256"]
     assert str(config["controller_url"]).startswith("https://127.0.0.1:"), config
     assert "BEGIN CERTIFICATE" in str(config["controller_cert_pem"]), config
     assert config["agent_version"] == installed_version()
