@@ -3,8 +3,8 @@
 ``spotrain controller start --executor remote`` binds a second socket, ``--agent-host`` (default
 ``--host``) and ``--agent-port`` (default ``--port`` + 1; 0 picks a free port), and serves there, with
 uvicorn in a thread of its own, an app with the agents' endpoints only (``api_agents.py``), behind the
-same request guard as the user API (the credential checked from the headers before any byte of a
-body is read; bodies bounded and timed). TLS uses the controller's self-signed certificate
+same request guard as the user API (the agent's signature checked from the headers before any byte of
+a body is read; bodies bounded and timed). TLS uses the controller's self-signed certificate
 (``tls.py``), which every instance's agent config carries and the agent pins. The user API stays plain
 HTTP on ``--host``/``--port`` (loopback by default) and no longer serves the agents' paths, so only
 the agents' port has to be reachable from the instances.
@@ -23,27 +23,36 @@ import threading
 from typing import Any
 from urllib.parse import urlparse
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from starlette.datastructures import Headers
 
+from cloud_providers.agent_boot import WHEEL_PATH
+
 from .api import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestGuard, install_error_handlers
-from .api_agents import AGENT_PATHS, agent_router
+from .api_agents import AGENT_PATHS, agent_router, signed_by_agent
 from .errors import SpotrainError
-from .remote_executor import RemoteExecutor, decision_of
+from .remote_executor import RemoteExecutor
 from .tls import AgentCert, ensure_agent_cert
 
 
 def agents_app(executor: RemoteExecutor) -> FastAPI:
-    """The agents' endpoints alone, each request's credential checked first (``RequestGuard``)."""
+    """The agents' endpoints alone, each request's credential checked first (``RequestGuard``), and
+    the controller's wheel for booting instances (public: it is the code they will run, no secret,
+    and the boot checks its sha256 from the agent config)."""
     app = FastAPI(title="spotrain agents", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    wheel = executor.agent_wheel
+    public = (WHEEL_PATH + wheel.name,) if wheel is not None else ()
+    if wheel is not None:
+        @app.get(WHEEL_PATH + wheel.name)
+        def agent_wheel() -> Response:
+            return Response(content=wheel.data, media_type="application/octet-stream",
+                            headers={"content-disposition": f"attachment; filename={wheel.name}"})
 
     def authorized(path: str, headers: Headers) -> bool:
-        authorization = headers.get("authorization", "")
-        credential = authorization[len("Bearer "):] if authorization.startswith("Bearer ") else ""
-        return path in AGENT_PATHS and bool(credential) and decision_of(executor.agent_token, credential) is not None
+        return path in AGENT_PATHS and signed_by_agent(executor, path, headers)
 
-    app.add_middleware(RequestGuard, authorized=authorized, public_paths=(), max_body_bytes=MAX_BODY_BYTES,
+    app.add_middleware(RequestGuard, authorized=authorized, public_paths=public, max_body_bytes=MAX_BODY_BYTES,
                        body_timeout_s=BODY_TIMEOUT_S)
     app.include_router(agent_router(executor))
     return app

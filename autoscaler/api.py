@@ -275,7 +275,7 @@ def _credentials(controller: Controller, token: str) -> tuple[Callable[[str], bo
     def authorized(path: str, headers: Headers) -> bool:
         authorization = headers.get("authorization", "")
         if agent_gate is not None and path in AGENT_PATHS:
-            return agent_gate(authorization)
+            return agent_gate(path, headers)
         if has_token(authorization):
             return True
         return (path == PREFIX or path.startswith(PREFIX + "/")) and cookie_token_ok(headers.get("cookie", ""), token)

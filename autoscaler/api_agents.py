@@ -1,10 +1,13 @@
 """The agents' HTTP endpoints: instance agents fetch their assignment and report their workers.
 
 Included in the controller's app (``api.py``) when it runs with ``--executor remote``; otherwise the
-router is empty. Authentication is separate from the user API: an agent presents the credential of its
-own launch decision (``remote_executor.agent_credential``), and the controller maps the decision to the
-instance it launched, so an agent reads and writes nothing but its own instance's assignment and
-reports. The user API token is never accepted here, nor an agent credential on the user API.
+router is empty. Authentication is separate from the user API: an agent signs each request with the
+credential of its own launch decision and a counter (``agent_auth.py``, ``cloud_providers/remote/wire.py``):
+the signature is checked from the headers before the body is read (``agent_gate_for``, and the agents'
+listener), then the body's (or query's) hash and the counter here, so a replayed request gets 409.
+The controller maps the decision to the instance it launched, so an agent reads and writes nothing but
+its own instance's assignment and reports. The user API token is never accepted here, nor an agent
+credential on the user API.
 
 ``spotrain controller start --executor remote`` serves these endpoints on a listener of their own, over
 HTTPS with the controller's pinned certificate (``agent_server.py``); the executor is then
@@ -17,13 +20,29 @@ the router also serves without the controller's app (tests mount it alone).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Body, HTTPException, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from starlette.datastructures import Headers
 
-from cloud_providers.remote.wire import ASSIGNMENT_PATH, OUTPUT_PATH, REPORT_PATH, OutputChunk, Report, WireError
+from cloud_providers.remote.wire import (
+    ASSIGNMENT_PATH,
+    CONTENT_SHA256_HEADER,
+    LAST_SEQ_HEADER,
+    METHODS,
+    OUTPUT_PATH,
+    REPORT_PATH,
+    OutputChunk,
+    Report,
+    SignedRequest,
+    WireError,
+    parse_signed,
+)
 
+from .agent_auth import signed_decision
 from .remote_executor import (
     AgentLookupError,
     InstanceNotYetKnown,
@@ -31,7 +50,6 @@ from .remote_executor import (
     RemoteExecutor,
     WrongInstance,
     check_report,
-    decision_of,
 )
 
 if TYPE_CHECKING:
@@ -44,46 +62,67 @@ LOOKUP_STATUS: dict[type[AgentLookupError], int] = {InstanceNotYetKnown: 404, In
 AGENT_PATHS = frozenset({ASSIGNMENT_PATH, REPORT_PATH, OUTPUT_PATH})
 
 
-def _decision(executor: RemoteExecutor, authorization: str) -> str | None:
-    credential = authorization[len("Bearer "):] if authorization.startswith("Bearer ") else ""
-    return decision_of(executor.agent_token, credential) if credential else None
+def _signed(path: str, headers: Headers) -> SignedRequest | None:
+    return parse_signed(path, headers.get("authorization", ""), headers.get(CONTENT_SHA256_HEADER.lower(), ""))
 
 
-def agent_gate_for(controller: "Controller") -> Callable[[str], bool] | None:
-    """Whether an ``Authorization`` header carries an agent credential this controller issued (None
-    when its executor is not remote, or its agents are served apart: then no path here is an agent's)."""
+def signed_by_agent(executor: RemoteExecutor, path: str, headers: Headers) -> bool:
+    """Whether a request to an agent's ``path`` is signed with a credential of this fleet's key (the
+    check before any byte of the body is read; the method is the path's one, ``METHODS``)."""
+    method = METHODS.get(path)
+    return method is not None and signed_decision(executor.agent_token, _signed(path, headers), method) is not None
+
+
+def agent_gate_for(controller: "Controller") -> Callable[[str, Headers], bool] | None:
+    """Whether a request to an agent's path is signed by one of this controller's agents (None when
+    its executor is not remote, or its agents are served apart: then no path here is an agent's)."""
     executor = controller.executor
     if not isinstance(executor, RemoteExecutor) or executor.served_apart:
         return None
-    return lambda authorization: _decision(executor, authorization) is not None
+    return lambda path, headers: signed_by_agent(executor, path, headers)
+
+
+async def _content(request: Request) -> bytes:
+    """What the signature's hash covers: the body of a POST, the raw query string of the GET."""
+    if request.method == "GET":
+        return request.scope.get("query_string", b"")
+    return await request.body()
 
 
 def agent_router(executor: RemoteExecutor) -> APIRouter:
     router = APIRouter(tags=["agents"])
 
-    def identify(request: Request, claimed_instance_id: str | None) -> str:
-        decision_id = _decision(executor, request.headers.get("authorization", ""))
-        if decision_id is None:
-            raise HTTPException(status_code=401, detail="invalid or missing agent credential")
+    def identify(request: Request, content: bytes, claimed_instance_id: str | None) -> str:
+        """The caller's instance, once its signature, content hash and counter hold (401, 409)."""
+        signed = _signed(request.url.path, request.headers)
+        decision_id = signed_decision(executor.agent_token, signed, request.method)
+        if signed is None or decision_id is None:
+            raise HTTPException(status_code=401, detail="invalid or missing agent signature")
+        if not hmac.compare_digest(hashlib.sha256(content).hexdigest(), signed.content_sha256):
+            raise HTTPException(status_code=401, detail="the request's content does not match its signature")
+        last = executor.accept_seq(decision_id, signed.seq)
+        if last is not None:
+            raise HTTPException(status_code=409, headers={LAST_SEQ_HEADER: str(last)},
+                                detail=f"replayed or stale agent request: seq {signed.seq} is not above {last}")
         try:
             return executor.instance_for(decision_id, claimed_instance_id)
         except AgentLookupError as exc:
             raise HTTPException(status_code=LOOKUP_STATUS.get(type(exc), 400), detail=str(exc)) from None
 
     @router.get(ASSIGNMENT_PATH)
-    def assignment(request: Request, instance_id: str | None = None) -> dict[str, Any]:
+    def assignment(request: Request, instance_id: str | None = None, content: bytes = Depends(_content)) -> dict[str, Any]:
         """The caller's assignment: latest attempt, its directive, and the stop order."""
-        return executor.assignment(identify(request, instance_id)).to_json()
+        return executor.assignment(identify(request, content, instance_id)).to_json()
 
     @router.post(REPORT_PATH)
-    def report(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    def report(request: Request, body: dict[str, Any] = Body(...), content: bytes = Depends(_content)) -> dict[str, Any]:
         """Record the caller's report; answers with its current assignment."""
         try:
             parsed = Report.from_json(body)
             check_report(parsed)
         except WireError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        instance_id = identify(request, parsed.instance_id)
+        instance_id = identify(request, content, parsed.instance_id)
         try:
             executor.record_report(instance_id, parsed)
         except WireError as exc:
@@ -91,13 +130,13 @@ def agent_router(executor: RemoteExecutor) -> APIRouter:
         return executor.assignment(instance_id).to_json()
 
     @router.post(OUTPUT_PATH)
-    def output(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, int]:
+    def output(request: Request, body: dict[str, Any] = Body(...), content: bytes = Depends(_content)) -> dict[str, int]:
         """Append a chunk of one of the caller's rank logs to the controller's copy."""
         try:
             chunk = OutputChunk.from_json(body)
         except WireError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        instance_id = identify(request, None)
+        instance_id = identify(request, content, None)
         try:
             return {"next_offset": executor.record_output(instance_id, chunk)}
         except WireError as exc:

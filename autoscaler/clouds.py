@@ -90,6 +90,11 @@ def remote_cloud(
     token = ensure_agent_token()
     install = AgentInstall.parse(agent_install)
     version = install.pinned_version()
+    wheel = None
+    if install.kind == "served":  # the default: the instances install this controller's own wheel
+        from .agent_wheel import ensure_agent_wheel
+
+        wheel = ensure_agent_wheel()
 
     def boot_config_for(request: LaunchRequest) -> dict[str, Any]:
         return AgentConfig(
@@ -97,9 +102,11 @@ def remote_cloud(
             decision_id=request.decision_id, job_id=request.tags.get(TAG_JOB), controller_id=cloud_id,
             notice_sources=(NOTICE_SOURCE_GCE if request.offering.cloud == "gcp" else NOTICE_SOURCE_AWS,),
             controller_cert_pem=agent_cert_pem, agent_version=version,
+            agent_wheel=wheel.name if wheel else None, agent_wheel_sha256=wheel.sha256 if wheel else None,
         ).to_json()
 
     executor = RemoteExecutor(store, agent_token=token, master_port=rendezvous_port)
+    executor.agent_wheel = wheel
     raw = [_provider_factory(name)(controller_id=cloud_id, boot_config_for=boot_config_for,
                                    agent_boot=_agent_boot(name, install)) for name in clouds]
     provider = AgentGatedProvider(raw[0] if len(raw) == 1 else MultiCloudProvider(raw), executor)

@@ -7,8 +7,11 @@ the controller's database so that a restarted controller carries on where the la
 
 - ``start`` stores the attempt's assignment for the instance (``agent_assignments``);
 - ``status`` reads the instance's latest agent report (``agent_reports``); an agent silent for more
-  than ``lost_after_s`` counts as LOST (measured from its last report, the assignment, or this
-  controller's start, whichever is latest, so a controller restart does not make every agent look dead);
+  than ``lost_after_s`` counts as LOST. Silence is measured on this controller's monotonic clock, from
+  the moment it last saw the instance's report or assignment change (or first looked, so a controller
+  restart or takeover does not make every agent look dead), never by comparing wall times: a step of
+  the wall clock neither makes healthy agents LOST nor hides a dead one (issue 21, finding 8). The
+  wall times in the tables are for display;
 - ``notify`` stores a directive for the running attempt, ``stop`` orders the agent to kill its workers;
 - ``progress`` is rank 0's last progress as its agent relayed it (``agent_progress``);
 - ``rendezvous`` is the first member's private address, as its agent reported it or else as the cloud
@@ -33,16 +36,16 @@ the ranks with, so the job fails with that one line. TLS: with ``spotrain contro
 remote`` the agents' endpoints are served apart, over HTTPS (``agent_server.py``), and
 ``served_apart`` keeps them off the plain-HTTP user API.
 
-Agent credentials: one agent token per controller (``agent-token`` in SPOTRAIN_HOME, mode 0600); each
-instance gets ``<decision_id>:<HMAC(token, decision_id)>`` in its user data, so a leaked user data
-exposes one instance's agent, never the controller's token or the user API.
+Agent credentials (``agent_auth.py``): one agent key per fleet (``agent-token`` in SPOTRAIN_FLEET_DIR,
+shared by a leader and its standbys, mode 0600); each instance gets ``<decision_id>:<HMAC(key,
+decision_id)>`` in its user data, so a leaked user data exposes one instance's agent, never the key or
+the user API. The agent signs each request with it and a counter the controller takes once
+(``accept_seq``), so a replayed request is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 import json
 import logging
 import math
@@ -53,7 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine.url import make_url
 
 from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
@@ -71,45 +75,18 @@ from cloud_providers.remote.wire import (
     WireError,
 )
 
+from .agent_auth import agent_credential, agent_token_path, decision_of, ensure_agent_token
 from .errors import SpotrainError
 from . import log_cap
-from .home import ensure_secret, home, logs_dir
+from .home import logs_dir
 from .state import InstanceRow, Store
 from .state.store import Database
-from .state.models import AgentAssignment, AgentProgress, AgentReport
+from .state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq
 from .workdir_shipper import WorkdirShipper, is_pending
 
 log = logging.getLogger("spotrain.remote")
 
 DEFAULT_MASTER_PORT = 29500
-AGENT_TOKEN_FILE = "agent-token"
-
-
-# ----- agent credentials ---------------------------------------------------------------------------
-def agent_token_path() -> Path:
-    return home() / AGENT_TOKEN_FILE
-
-
-def ensure_agent_token() -> str:
-    """The controller's agent token (separate from the user API token), created mode 0600 if absent."""
-    return ensure_secret(agent_token_path())
-
-
-def _mac(token: str, decision_id: str) -> str:
-    return hmac.new(token.encode(), b"spotrain-agent:" + decision_id.encode(), hashlib.sha256).hexdigest()
-
-
-def agent_credential(token: str, decision_id: str) -> str:
-    """The credential one instance's agent presents: valid for that launch decision only."""
-    return f"{decision_id}:{_mac(token, decision_id)}"
-
-
-def decision_of(token: str, credential: str) -> str | None:
-    """The decision id a credential was issued for, or None if it was not issued with ``token``."""
-    decision_id, sep, mac = credential.rpartition(":")
-    if not sep or not decision_id:
-        return None
-    return decision_id if hmac.compare_digest(mac.encode(), _mac(token, decision_id).encode()) else None
 
 
 # ----- bounds on an agent's report (issue 14, finding 1) -------------------------------------------
@@ -174,7 +151,7 @@ def check_report(report: Report) -> None:
 
 
 # ----- storage -------------------------------------------------------------------------------------
-AGENT_TABLES = [AgentAssignment.__table__, AgentReport.__table__, AgentProgress.__table__]
+AGENT_TABLES = [AgentAssignment.__table__, AgentReport.__table__, AgentProgress.__table__, AgentSeq.__table__]
 
 
 def agent_db_url(controller_db_url: str) -> str:
@@ -240,8 +217,11 @@ class RemoteExecutor:
         lost_after_s: float = 30.0,
         address_of: Callable[[str], str | None] | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         ship_workdir: bool = True,
     ) -> None:
+        """``clock``: wall time, stored in the tables for display. ``monotonic``: what liveness is
+        measured on (see the module doc); tests give both fakes."""
         if not 0 < master_port < 65536:
             raise ValueError(f"master_port: {master_port} is not a TCP port")
         if lost_after_s <= 0:
@@ -255,12 +235,16 @@ class RemoteExecutor:
         self.lost_after_s = lost_after_s
         self.address_of = address_of
         self._clock = clock
-        self._started_at = clock()
+        self._monotonic = monotonic
+        # instance id -> (what its report and assignment rows said, monotonic time that was first seen)
+        self._heard: dict[str, tuple[tuple[Any, ...], float]] = {}
         self._output_lock = threading.Lock()
         self.ship_workdir = ship_workdir
         self.shipper = WorkdirShipper()
         # True once the agents' endpoints are served on their own TLS listener (``agent_server.py``).
         self.served_apart = False
+        # The controller's wheel that listener serves to booting instances (``agent_wheel.py``), if any.
+        self.agent_wheel: Any = None
 
     def workdir_for(self, launch: WorkerLaunch) -> dict[str, Any] | None:
         """The job's shipped workdir for its assignments (``workdir.py``): ``{uri, sha256, size}``,
@@ -307,10 +291,22 @@ class RemoteExecutor:
             codes = {}
         if assigned.attempt > attempt:
             return WorkerStatus(GangState.LOST, codes)  # superseded before it reported an end
-        heard = max(report.reported_at if report else 0.0, assigned.assigned_at, self._started_at)
-        if self._clock() - heard > self.lost_after_s:
+        if self._silent_s(instance_id, assigned, report) > self.lost_after_s:
             return WorkerStatus(GangState.LOST, codes)
         return WorkerStatus(GangState.RUNNING, codes)
+
+    def _silent_s(self, instance_id: str, assigned: AgentAssignment, report: AgentReport | None) -> float:
+        """Monotonic seconds since this controller saw the instance's rows change. The stored times
+        serve as change markers only (any other value, later or earlier, is news), whichever
+        controller of the fleet took the report."""
+        marker = (assigned.attempt, assigned.assigned_at,
+                  (report.attempt, report.state, report.reported_at) if report is not None else None)
+        now = self._monotonic()
+        last = self._heard.get(instance_id)
+        if last is None or last[0] != marker:
+            self._heard[instance_id] = (marker, now)
+            return 0.0
+        return now - last[1]
 
     def notify(self, instance_id: str, notice: Mapping[str, Any]) -> None:
         with self.tables.session() as s:
@@ -437,6 +433,25 @@ class RemoteExecutor:
                 prog.attempt, prog.reported_at = report.attempt, now
                 prog.progress_json = json.dumps(dict(report.progress))
 
+    def accept_seq(self, decision_id: str, seq: int) -> int | None:
+        """Take request counter ``seq`` from ``decision_id``'s agent: None if taken (it is above every
+        one taken before), else the highest taken (a replayed or stale request). Atomic in the
+        database, so one value is taken once across the fleet's controllers and their restarts."""
+        with self.tables.session() as s:
+            taken = s.execute(update(AgentSeq).where(AgentSeq.decision_id == decision_id, AgentSeq.seq < seq)
+                              .values(seq=seq)).rowcount
+            if taken:
+                return None
+            row = s.get(AgentSeq, decision_id)
+            if row is not None:
+                return int(row.seq)
+        try:
+            with self.tables.session() as s:
+                s.add(AgentSeq(decision_id=decision_id, seq=seq))
+            return None
+        except IntegrityError:
+            return seq  # another request of this decision made the row first: this one is not newer
+
     def seen(self, instance_ids: Sequence[str]) -> dict[str, AgentSeen]:
         if not instance_ids:
             return {}
@@ -549,6 +564,7 @@ __all__ = [
     "AgentLookupError",
     "RemoteExecutor",
     "agent_credential",
+    "agent_token_path",
     "check_report",
     "decision_of",
     "ensure_agent_token",

@@ -4,7 +4,14 @@ the worker agent, and the agent config as one JSON document.
 The agent is installed **pinned** to the controller's own spotrain version, from a source the operator
 chooses (``AgentInstall``; ``spotrain controller start --agent-install``), never as a bare name:
 
-- ``index:URL`` (the default, ``index:https://pypi.org/simple``): ``pip install --index-url URL
+- ``served`` (the default; issue 21, finding 14): the controller's own spotrain, as a wheel it makes
+  from what it runs (``autoscaler/agent_wheel.py``) and serves on the agents' HTTPS listener
+  (``GET /v1/agent/wheel/<file>``); the agent config names the file and its sha256
+  (``agent_wheel``, ``agent_wheel_sha256``). The boot fetches it with Python's standard library over
+  TLS pinned to the controller's certificate (``FETCH_WHEEL``), refuses it unless its sha256 is the
+  config's, and pip installs exactly that file, the hash in its ``#sha256=`` fragment checked by pip
+  too (``PIP_WHEEL``). Nothing of spotrain itself comes from a package index;
+- ``index:URL`` (``index:https://pypi.org/simple`` for the public one): ``pip install --index-url URL
   'spotrain[aws]==VERSION'``; point it at a private index (or a mirror you control) to keep the public one
   out of the instances' boot;
 - ``wheel:URI[#sha256=HEX]``: a wheel you built (``pip wheel --no-deps .``) and put in a store, ``s3://``,
@@ -35,7 +42,11 @@ from urllib.parse import urlparse
 AGENT_MODULE = "cloud_providers.remote.agent"
 UNIT_NAME = "spotrain-agent"
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
-INSTALL_KINDS = ("index", "wheel", "image")
+INSTALL_KINDS = ("served", "index", "wheel", "image")
+# Where the user data writes the agent config on every cloud (``aws/userdata.py``, ``gcp/userdata.py``).
+CONFIG_PATH = "/etc/spotrain/agent.json"
+# Where the controller serves its wheel (``autoscaler/agent_server.py``), one file name after it.
+WHEEL_PATH = "/v1/agent/wheel/"
 # Where a downloaded wheel is kept on the instance (root-only, beside the agent's state).
 WHEEL_DIR = "/var/lib/spotrain/wheel"
 _PACKAGE = re.compile(r"^spotrain(\[[a-z0-9_,-]+\])?$")
@@ -45,6 +56,44 @@ IMAGE_CHECK = ("import importlib.metadata as m, sys; v = m.version('spotrain'); 
                "sys.exit(0 if v == sys.argv[1] else 'spotrain ' + v + ' is on the image, the controller runs ' + sys.argv[1])")
 HASH_CHECK = ("import hashlib, sys; h = hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest(); "
               "sys.exit(0 if h == sys.argv[2] else sys.argv[1] + ': sha256 ' + h + ', expected ' + sys.argv[2])")
+# ``served``: the wheel the config names, read from the controller over TLS pinned to its certificate,
+# kept (in WHEEL_DIR, argv[2]) only if its sha256 is the config's. Arguments: config path, wheel dir.
+_WHEEL_NAME = r"spotrain-[A-Za-z0-9_.+!]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl"
+_SERVED_CONFIG = f"""import hashlib, json, os, re, ssl, sys, time, urllib.request
+c = json.load(open(sys.argv[1]))
+n, h = c.get('agent_wheel') or '', c.get('agent_wheel_sha256') or ''
+if not re.fullmatch(r'{_WHEEL_NAME}', n) or not re.fullmatch('[0-9a-f]{{64}}', h):
+    sys.exit('spotrain boot: the agent config names no served wheel (agent_wheel, agent_wheel_sha256)')
+p = os.path.join(sys.argv[2], n)
+"""
+FETCH_WHEEL = _SERVED_CONFIG + f"""x = ssl.create_default_context(cadata=c['controller_cert_pem'])
+x.check_hostname = False
+u = c['controller_url'].rstrip('/') + '{WHEEL_PATH}' + n
+for i in range(10):
+    try:
+        d = urllib.request.urlopen(u, context=x, timeout=60).read()
+        break
+    except OSError as e:
+        err = e
+        time.sleep(3)
+else:
+    sys.exit('spotrain boot: cannot fetch ' + u + ': ' + str(err))
+g = hashlib.sha256(d).hexdigest()
+if g != h:
+    sys.exit('spotrain boot: ' + n + ' from ' + u + ' has sha256 ' + g + ', the config says ' + h + ': refused')
+t = p + '.tmp'
+with open(t, 'wb') as f:
+    f.write(d)
+os.replace(t, p)
+"""
+# ``served``: pip installs exactly the fetched file, its hash checked again (by us, then by pip).
+# Arguments: config path, wheel dir, the requirement's name and extras (``spotrain[aws]``).
+PIP_WHEEL = _SERVED_CONFIG + """import subprocess
+g = hashlib.sha256(open(p, 'rb').read()).hexdigest()
+if g != h:
+    sys.exit('spotrain boot: ' + p + ' has sha256 ' + g + ', the config says ' + h + ': refused')
+sys.exit(subprocess.call([sys.executable, '-m', 'pip', 'install', '--quiet', sys.argv[3] + ' @ file://' + p + '#sha256=' + h]))
+"""
 
 
 def installed_version() -> str:
@@ -59,8 +108,8 @@ def installed_version() -> str:
 class AgentInstall:
     """Where instances install the agent from, and the version they are pinned to (see the module doc)."""
 
-    kind: str = "index"
-    location: str = DEFAULT_INDEX_URL
+    kind: str = "served"
+    location: str = ""
     version: str | None = None  # None: this installation's
 
     def __post_init__(self) -> None:
@@ -75,14 +124,14 @@ class AgentInstall:
 
     @classmethod
     def parse(cls, text: str | None, *, version: str | None = None) -> AgentInstall:
-        """``index:URL``, ``wheel:URI[#sha256=HEX]`` or ``image`` (None or empty: the default index)."""
+        """``served``, ``index:URL``, ``wheel:URI[#sha256=HEX]`` or ``image`` (None or empty: served)."""
         if not text:
             return cls(version=version)
         kind, _, location = text.partition(":")
-        if kind == "image" and not location:
-            return cls("image", "", version)
+        if kind in ("image", "served") and not location:
+            return cls(kind, "", version)
         if kind not in ("index", "wheel") or not location:
-            raise ValueError(f"--agent-install: {text!r} is not index:URL, wheel:URI or image")
+            raise ValueError(f"--agent-install: {text!r} is not served, index:URL, wheel:URI or image")
         return cls(kind, location, version)
 
     def pinned_version(self) -> str:
@@ -105,6 +154,10 @@ class AgentInstall:
     def commands(self, python: str, package: str) -> list[list[str]]:
         """The argv lists that install (or check) the pinned agent; they name no job data."""
         version = self.pinned_version()
+        if self.kind == "served":
+            # The file name (so the version) and its hash come in the agent config, from the controller.
+            return [["install", "-d", "-m", "0700", WHEEL_DIR], [python, "-c", FETCH_WHEEL, CONFIG_PATH, WHEEL_DIR],
+                    [python, "-c", PIP_WHEEL, CONFIG_PATH, WHEEL_DIR, package]]
         if self.kind == "image":
             return [[python, "-c", IMAGE_CHECK, version]]
         if self.kind == "index":
@@ -155,5 +208,6 @@ def config_json(config: Mapping[str, Any]) -> str:
         raise ValueError(f"agent config is not JSON-serialisable: {exc}") from exc
 
 
-__all__ = ["AGENT_MODULE", "DEFAULT_INDEX_URL", "UNIT_NAME", "AgentBootSettings", "AgentInstall", "config_json",
+__all__ = ["AGENT_MODULE", "CONFIG_PATH", "DEFAULT_INDEX_URL", "FETCH_WHEEL", "PIP_WHEEL", "UNIT_NAME", "WHEEL_PATH",
+           "AgentBootSettings", "AgentInstall", "config_json",
            "installed_version"]

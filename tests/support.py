@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOL_WORKER = REPO / "tests" / "workers" / "protocol_worker.py"
@@ -83,3 +84,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_SIGNERS: dict[str, object] = {}
+
+
+def agent_signer(credential: str) -> Any:
+    """An ``httpx.Auth`` that signs requests as the agent holding ``credential`` does (one counter per
+    credential for the whole test session, so no two requests reuse a ``seq``)."""
+    from cloud_providers.remote.agent import AgentSigner, RequestCounter
+
+    if credential not in _SIGNERS:
+        _SIGNERS[credential] = AgentSigner(credential, RequestCounter(None, credential.rpartition(":")[0]))
+    return _SIGNERS[credential]

@@ -35,7 +35,7 @@ from autoscaler.state import InstanceRow, Job, Store
 from cloud_providers.local.market import HEADER, MarketTrace
 from cloud_providers.local.scenario import parse_scenario
 from cost_models.scaling import LinearScaling
-from support import run_cli, write_pw_spec
+from support import agent_signer, run_cli, write_pw_spec
 
 TOKEN = "hardening-token"
 AGENT_TOKEN = "hardening-agent-token"
@@ -236,7 +236,8 @@ def test_finding1_agent_reports_with_non_finite_or_huge_values_are_422(remote_ct
     """Finding 1 (agent API): reports carrying Infinity / NaN are refused with 422 (they were stored
     with 200), ``attempt = 2**70`` is a 422, not a 500 (SQLite overflow); nothing is stored."""
     http = TestClient(create_app(remote_ctl, TOKEN), raise_server_exceptions=False)
-    auth = {"Authorization": f"Bearer {agent_credential(AGENT_TOKEN, 'd-1')}", "Content-Type": "application/json"}
+    auth = {"Content-Type": "application/json"}
+    signer = agent_signer(agent_credential(AGENT_TOKEN, "d-1"))
     bodies = [
         '{"attempt": 1, "state": "running", "progress": {"step": Infinity}}',
         '{"attempt": 1, "state": "running", "progress": {"step": 3, "loss": NaN}}',
@@ -247,12 +248,12 @@ def test_finding1_agent_reports_with_non_finite_or_huge_values_are_422(remote_ct
         '{"attempt": 1, "state": "running", "progress": {"step": 1180591620717411303424}}',
     ]
     for body in bodies:
-        r = http.post("/v1/agent/report", content=body, headers=auth)
+        r = http.post("/v1/agent/report", content=body, headers=auth, auth=signer)
         assert r.status_code == 422, (body, r.status_code, r.text)
         assert one_line(r.json()["detail"])
     assert remote_ctl.executor.seen(["i-1"]) == {}  # nothing was recorded
     ok = http.post("/v1/agent/report", content='{"attempt": 1, "state": "running", "progress": {"step": 3}}',
-                   headers=auth)
+                   headers=auth, auth=signer)
     assert ok.status_code == 200, ok.text
 
 

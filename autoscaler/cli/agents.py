@@ -5,8 +5,8 @@
   controller's self-signed certificate (``autoscaler/agent_server.py``, ``autoscaler/tls.py``); default
   ``--host`` and ``--port`` + 1 (a free port with ``--port 0``).
 - ``--agent-install``: where the instances install the agent from, pinned to this controller's
-  version: ``index:URL`` (default ``index:https://pypi.org/simple``), ``wheel:URI[#sha256=HEX]`` or
-  ``image`` (``cloud_providers/agent_boot.py``).
+  version: ``served`` (default: this controller's own wheel, hash-checked), ``index:URL``,
+  ``wheel:URI[#sha256=HEX]`` or ``image`` (``cloud_providers/agent_boot.py``).
 
 The options are read by ``agent_options`` and kept in the click context, so ``start`` takes them
 without naming them in its signature.
@@ -29,8 +29,9 @@ def agent_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--agent-port", type=click.IntRange(0, 65535), default=None,
                   help="Port of the agents' HTTPS listener (--executor remote; default: --port + 1; 0 picks a free one).")
     @click.option("--agent-install", default=None, metavar="SOURCE",
-                  help="Where instances install the agent, pinned to this version (--executor remote): index:URL "
-                       "(default index:https://pypi.org/simple), wheel:URI[#sha256=HEX] or image.")
+                  help="Where instances install the agent, pinned to this version (--executor remote): served "
+                       "(default: this controller's own wheel, served to them and installed only with its sha256), "
+                       "index:URL, wheel:URI[#sha256=HEX] or image.")
     @functools.wraps(f)
     def wrapper(*args: Any, agent_host: str | None, agent_port: int | None, agent_install: str | None,
                 **kwargs: Any) -> Any:

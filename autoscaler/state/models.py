@@ -164,6 +164,16 @@ class AgentReport(Base):
     reported_at: Mapped[float] = mapped_column(Float, default=time.time)
 
 
+class AgentSeq(Base):
+    """The highest request counter taken from each launch decision's agent: a signed request is taken
+    once, with a counter above this (``autoscaler/agent_auth.py``), so a replayed one is refused."""
+
+    __tablename__ = "agent_seqs"
+
+    decision_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class AgentProgress(Base):
     """Rank 0's last progress report per job, as its agent relayed it."""
 

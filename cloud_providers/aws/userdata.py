@@ -26,9 +26,8 @@ from typing import Any
 
 import yaml
 
-from ..agent_boot import AgentBootSettings, config_json
+from ..agent_boot import CONFIG_PATH, AgentBootSettings, config_json
 
-CONFIG_PATH = "/etc/spotrain/agent.json"
 # EC2 accepts at most 16 KiB of user data (before its own base64 encoding).
 MAX_USER_DATA_BYTES = 16 * 1024
 # The PyTorch Deep Learning AMI's interpreter (see docs/aws.md).

@@ -22,9 +22,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from ..agent_boot import AgentBootSettings, config_json
+from ..agent_boot import CONFIG_PATH, AgentBootSettings, config_json
 
-CONFIG_PATH = "/etc/spotrain/agent.json"
 CONFIG_KEY = "spotrain-agent-config"
 SCRIPT_KEY = "startup-script"
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"

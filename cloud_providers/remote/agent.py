@@ -23,7 +23,8 @@ have and it has reported so.
 
 Files under ``state_dir``: ``attempts/<n>/notice.json`` and ``progress.json`` (the worker protocol's
 notice and progress files), ``logs/<job_id>/`` (setup and rank logs), ``setup-<job_id>.done`` (setup
-runs once per instance) and ``agent-state.json`` (the last attempt started, so a restarted agent never
+runs once per instance), ``agent-seq.json`` (the request counter's reserved block, ``RequestCounter``)
+and ``agent-state.json`` (the last attempt started, so a restarted agent never
 starts an attempt twice: its old workers are gone, and it reports them ``stopped``).
 """
 
@@ -37,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from .metadata import MetadataError, NoticeSource, sources_for
 from .tls import pinned_context
 from .wire import (
     ASSIGNMENT_PATH,
+    LAST_SEQ_HEADER,
     MAX_OUTPUT_CHUNK,
     OUTPUT_PATH,
     REPORT_PATH,
@@ -65,6 +67,7 @@ from .wire import (
     RankAssignment,
     Report,
     WireError,
+    signed_headers,
 )
 from .workdir import WorkdirError, WorkdirRef, fetch_and_unpack
 
@@ -88,6 +91,64 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class RequestCounter:
+    """The agent's request counter (``seq``, wire.py): it only grows, across agent restarts too.
+
+    Values are reserved in blocks in ``path`` (written atomically before a block is used), so a
+    restarted agent starts above every value the last one may have sent, at one write per
+    ``BLOCK`` requests. Should the file be lost, the controller's 409 says the last value it took,
+    and ``advance_past`` carries on from there."""
+
+    BLOCK = 4096
+
+    def __init__(self, path: Path | None, decision_id: str) -> None:
+        self._path, self._decision_id = path, decision_id
+        self._lock = threading.Lock()
+        self._next = self._reserved = 0
+        if path is not None:
+            try:
+                saved = json.loads(path.read_text())
+                if isinstance(saved, dict) and saved.get("decision_id") == decision_id:
+                    self._next = self._reserved = int(saved.get("reserved") or 0)
+            except (OSError, ValueError, TypeError):
+                pass
+
+    def _reserve(self) -> None:
+        self._reserved = self._next + self.BLOCK
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self._path, json.dumps({"decision_id": self._decision_id, "reserved": self._reserved}))
+
+    def take(self) -> int:
+        with self._lock:
+            self._next += 1
+            if self._next >= self._reserved:
+                self._reserve()
+            return self._next
+
+    def advance_past(self, last: int) -> None:
+        with self._lock:
+            if last >= self._next:
+                self._next = last
+                self._reserve()
+
+
+class AgentSigner(httpx.Auth):
+    """Signs every request with the agent's credential and the next counter (``wire.signed_headers``):
+    the credential itself never travels, and the controller takes each counter once."""
+
+    requires_request_body = True
+
+    def __init__(self, credential: str, counter: RequestCounter) -> None:
+        self._credential, self.counter = credential, counter
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        content = request.url.query if request.method == "GET" else request.content
+        request.headers.update(signed_headers(self._credential, method=request.method, path=request.url.path,
+                                              seq=self.counter.take(), content=content))
+        yield request
+
+
 class ControllerChannel:
     """The agent's HTTP client for the controller (httpx; one short timeout per request)."""
 
@@ -98,10 +159,25 @@ class ControllerChannel:
             ctx = pinned_context(config.controller_url, config.controller_cert_pem)
             http = httpx.Client(base_url=config.controller_url.rstrip("/"), timeout=config.request_timeout_s, verify=ctx)
         self._http = http
-        self._http.headers["Authorization"] = f"Bearer {config.agent_credential}"
+        counter = RequestCounter(Path(config.state_dir) / "agent-seq.json", config.decision_id)
+        self._signer = AgentSigner(config.agent_credential, counter)
+        self._http.auth = self._signer
 
     def close(self) -> None:
         self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One signed request; once more with a fresh counter if the controller took a higher one
+        (409 with ``X-Spotrain-Last-Seq``: this agent's counter file was lost)."""
+        try:
+            resp = self._http.request(method, path, **kwargs)
+            last = resp.headers.get(LAST_SEQ_HEADER, "")
+            if resp.status_code == 409 and last.isascii() and last.isdigit():
+                self._signer.counter.advance_past(int(last))
+                resp = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ControllerUnreachable(str(exc) or type(exc).__name__) from exc
+        return resp
 
     def _answer(self, resp: httpx.Response) -> Assignment | None:
         if resp.status_code == 404:
@@ -116,26 +192,15 @@ class ControllerChannel:
             raise ControllerUnreachable(f"bad assignment: {exc}") from exc
 
     def assignment(self, instance_id: str | None) -> Assignment | None:
-        try:
-            resp = self._http.get(ASSIGNMENT_PATH, params={"instance_id": instance_id} if instance_id else None)
-        except httpx.HTTPError as exc:
-            raise ControllerUnreachable(str(exc) or type(exc).__name__) from exc
-        return self._answer(resp)
+        return self._answer(self._request("GET", ASSIGNMENT_PATH, params={"instance_id": instance_id} if instance_id else None))
 
     def report(self, report: Report) -> Assignment | None:
-        try:
-            resp = self._http.post(REPORT_PATH, json=report.to_json())
-        except httpx.HTTPError as exc:
-            raise ControllerUnreachable(str(exc) or type(exc).__name__) from exc
-        return self._answer(resp)
+        return self._answer(self._request("POST", REPORT_PATH, json=report.to_json()))
 
     def output(self, chunk: OutputChunk) -> int | None:
         """Send one chunk of a rank's log; the controller's next offset (None: refused, not retried
         now: the workers' output is worth less than the loop)."""
-        try:
-            resp = self._http.post(OUTPUT_PATH, json=chunk.to_json())
-        except httpx.HTTPError as exc:
-            raise ControllerUnreachable(str(exc) or type(exc).__name__) from exc
+        resp = self._request("POST", OUTPUT_PATH, json=chunk.to_json())
         if resp.status_code != 200:
             return None
         try:
@@ -238,6 +303,7 @@ class Agent:
         self._last_sent: dict[str, Any] | None = None
         self._last_sent_at = float("-inf")
         self._unreachable_since: float | None = None
+        self._refused_with = ""  # "HTTP NNN" of the last refusal while unreachable (logged once a run)
         # (attempt, rank) -> how much of that rank's log the controller has (``_ship_output``).
         self._shipped: dict[tuple[int, int], int] = {}
         self._progress_reader = JobFileReader(max_bytes=1024 * 1024)
@@ -430,13 +496,18 @@ class Agent:
             self._send(self.report(), force=False)
             if self._unreachable_since is not None:
                 log.warning("controller reachable again after %.0f s", self._clock() - self._unreachable_since)
-                self._unreachable_since = None
+                self._unreachable_since, self._refused_with = None, ""
         except ControllerUnreachable as exc:
             if self.gang is not None:
                 self.gang.poll()
             if self._unreachable_since is None:
                 self._unreachable_since = self._clock()
                 log.warning("controller unreachable (%s): the workers go on; retrying", exc)
+            elif str(exc).startswith("HTTP ") and str(exc)[:8] != self._refused_with:
+                # A controller that answers but refuses (a new leader that does not know this agent,
+                # say) is worth its own line, even after a connection error was logged.
+                log.warning("controller refuses this agent (%s): the workers go on; retrying", exc)
+            self._refused_with = str(exc)[:8] if str(exc).startswith("HTTP ") else ""
         except InstanceGone:
             log.info("the controller has terminated this instance: stopping the workers and exiting")
             self._stop()

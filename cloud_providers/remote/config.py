@@ -42,6 +42,10 @@ class AgentConfig:
     controller_cert_pem: str | None = None
     # The spotrain version the controller runs and the user data installed: the agent refuses another.
     agent_version: str | None = None
+    # The wheel the controller serves (``agent_boot.py``, install ``served``): its file name and sha256,
+    # which the boot checks before pip installs it.
+    agent_wheel: str | None = None
+    agent_wheel_sha256: str | None = None
     poll_s: float = 0.5
     report_s: float = 1.0
     request_timeout_s: float = 5.0

@@ -11,9 +11,16 @@ rank's log from an offset, appended to the controller's copy (``spotrain logs -f
 ``next_offset`` is the size of that copy, where the agent sends from next (a chunk it already has is
 not appended twice).
 
-Both carry ``Authorization: Bearer <agent credential>``: ``<decision_id>:<mac>``, where the MAC binds the
-launch decision to the controller's agent token. The controller finds the instance by the decision it
-launched it for, so an agent can only ever read or write its own instance's assignment and reports.
+Every request is signed with the agent's credential, ``<decision_id>:<mac>`` (the MAC binds the
+launch decision to the fleet's agent key), which itself never travels: ``Authorization: Spotrain-Agent
+<decision_id> <seq> <signature>`` and ``X-Spotrain-Content-SHA256: <sha256 of the body, or of the raw
+query string for the GET>``, where the signature is an HMAC, keyed with the credential, of the method,
+path, decision, ``seq`` and that hash (``request_signature``). ``seq`` is the agent's request counter:
+it only grows (``agent.py`` keeps it across agent restarts) and the controller takes each value once,
+so a captured request replayed later is refused with 409 (its ``X-Spotrain-Last-Seq`` header says the
+highest value taken, from which an agent that lost its counter carries on). The controller finds the
+instance by the decision it launched it for, so an agent can only ever read or write its own
+instance's assignment and reports.
 
 States an agent reports: ``idle`` (no workers), ``setup`` (the job's setup runs), ``running``,
 ``exited`` (every local rank has exited; ``exit_codes`` complete) and ``stopped`` (the workers were
@@ -25,6 +32,9 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import hashlib
+import hmac
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +45,15 @@ REPORT_PATH = "/v1/agent/report"
 OUTPUT_PATH = "/v1/agent/output"
 # The most bytes of log one output chunk carries.
 MAX_OUTPUT_CHUNK = 64 * 1024
+# The one method of each path (the signature covers it; the controller checks it before the body).
+METHODS = {ASSIGNMENT_PATH: "GET", REPORT_PATH: "POST", OUTPUT_PATH: "POST"}
+AUTH_SCHEME = "Spotrain-Agent"
+CONTENT_SHA256_HEADER = "X-Spotrain-Content-SHA256"
+LAST_SEQ_HEADER = "X-Spotrain-Last-Seq"
+MAX_SEQ = 2**63 - 1
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+_SEQ = re.compile(r"^[0-9]{1,19}\Z")
+_DECISION = re.compile(r"^[A-Za-z0-9_.-]{1,80}\Z")
 
 STATE_IDLE = "idle"
 STATE_SETUP = "setup"
@@ -232,3 +251,44 @@ class OutputChunk:
         except (binascii.Error, ValueError):
             raise WireError("output.data: expected base64") from None
         return cls(attempt=_int(d, "attempt"), rank=_int(d, "rank"), offset=_int(d, "offset"), data=data)
+
+
+# ----- signed requests ------------------------------------------------------------------------------
+def request_signature(credential: str, *, method: str, path: str, seq: int, content_sha256: str) -> str:
+    """The HMAC-SHA256, keyed with an agent's credential, of one request (see the module doc)."""
+    decision_id, _, key = credential.rpartition(":")
+    message = f"spotrain-agent-request/1\n{method}\n{path}\n{decision_id}\n{seq}\n{content_sha256}"
+    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def signed_headers(credential: str, *, method: str, path: str, seq: int, content: bytes) -> dict[str, str]:
+    """The headers that sign one request: ``content`` is its body (POST) or raw query string (GET)."""
+    digest = hashlib.sha256(content).hexdigest()
+    decision_id = credential.rpartition(":")[0]
+    signature = request_signature(credential, method=method, path=path, seq=seq, content_sha256=digest)
+    return {"Authorization": f"{AUTH_SCHEME} {decision_id} {seq} {signature}", CONTENT_SHA256_HEADER: digest}
+
+
+@dataclasses.dataclass(frozen=True)
+class SignedRequest:
+    """What a signed request's headers claim (checked by the controller: ``autoscaler/agent_auth.py``)."""
+
+    path: str
+    decision_id: str
+    seq: int
+    signature: str
+    content_sha256: str
+
+
+def parse_signed(path: str, authorization: str, content_sha256: str) -> SignedRequest | None:
+    """The claims of a request's signing headers, or None when they are missing or malformed."""
+    parts = authorization.split(" ")
+    if len(parts) != 4 or parts[0] != AUTH_SCHEME:
+        return None
+    _, decision_id, seq, signature = parts
+    if (not _DECISION.match(decision_id) or not _SEQ.match(seq) or not _HEX64.match(signature)
+            or not _HEX64.match(content_sha256)):
+        return None
+    if int(seq) > MAX_SEQ:
+        return None
+    return SignedRequest(path, decision_id, int(seq), signature, content_sha256)

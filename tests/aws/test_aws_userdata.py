@@ -62,13 +62,14 @@ def test_hostile_strings_never_run_when_cloud_init_executes_the_commands(tmp_pat
     bin_dir.mkdir()
     log = tmp_path / "argv.log"
     boot = AgentBoot(python="python-shim")
-    for name in ("python-shim", "systemd-run"):
+    for name in ("python-shim", "systemd-run", "install"):
         _shim(bin_dir, name, log)
     text = userdata.render(hostile(canary), boot)
     script = "".join(shlex.join(argv) + "\n" for argv in userdata.commands(text))
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
     subprocess.run(["sh", "-c", script], check=True, env=env, cwd=tmp_path, timeout=10)
-    recorded = [line.split("\0")[:-1] for line in log.read_text().splitlines()]
+    # One record per call: each argument NUL-terminated, then a newline (arguments may hold newlines).
+    recorded = [record.split("\0") for record in log.read_text().split("\0\n") if record]
     assert recorded == [c[1:] for c in boot.commands()]
     subprocess.run(["bash", "-c", text], env=env, cwd=tmp_path, timeout=10, capture_output=True)
     assert not canary.exists()

@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -31,10 +32,10 @@ import boto3
 import httpx
 import pytest
 
-from cloud_providers.agent_boot import installed_version
+from cloud_providers.agent_boot import FETCH_WHEEL, PIP_WHEEL, installed_version
 from cloud_providers.aws import userdata
 from cloud_providers.remote.tls import pinned_context
-from support import start_controller, worker_pids
+from support import agent_signer, start_controller, worker_pids
 
 from .harness import TEST_SPOT_PRICES, MotoServer, ec2_client
 from .test_aws_remote import AGENT_MODULE, TERMINAL, Machine, free_port, moto_instances
@@ -71,11 +72,21 @@ def boot_tls(instance_id: str, root: Path, env: dict[str, str]) -> tuple[Machine
     text = base64.b64decode(attr["UserData"]["Value"]).decode()
     commands = userdata.commands(text)
     assert commands[-1][-4:] == ["-m", AGENT_MODULE, "--config", userdata.CONFIG_PATH], commands
-    # The agent is installed pinned to the controller's version, never as a bare name.
-    pip = [c for c in commands if "pip" in c]
-    assert pip and pip[0][-1] == f"spotrain[aws]=={installed_version()}", commands
-    assert "--index-url" in pip[0], commands
+    # The agent is installed pinned to the controller's version, never as a bare name: by default the
+    # controller's own wheel, fetched and checked against the config's sha256 (issue 21, finding 14).
+    assert [c[1:3] for c in commands[1:3]] == [["-c", FETCH_WHEEL], ["-c", PIP_WHEEL]], commands
+    assert not any("--index-url" in c for c in commands), commands
     config = userdata.decode(text)
+    assert config["agent_wheel"] == f"spotrain-{installed_version()}-py3-none-any.whl", config
+    # The boot's fetch, run against the controller as the instance would: the served wheel's hash holds.
+    wheel_dir = root / f"{instance_id}-wheel"
+    wheel_dir.mkdir(parents=True)
+    (wheel_dir / "agent.json").write_text(json.dumps(config))
+    fetch = subprocess.run([sys.executable, "-c", FETCH_WHEEL, str(wheel_dir / "agent.json"), str(wheel_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert fetch.returncode == 0, fetch.stderr
+    got = (wheel_dir / str(config["agent_wheel"])).read_bytes()
+    assert hashlib.sha256(got).hexdigest() == config["agent_wheel_sha256"]
     assert str(config["controller_url"]).startswith("https://127.0.0.1:"), config
     assert "BEGIN CERTIFICATE" in str(config["controller_cert_pem"]), config
     assert config["agent_version"] == installed_version()
@@ -122,20 +133,21 @@ def test_finding7_workdir_ships_through_the_store_and_agents_talk_tls(spotrain_h
                                                  [m.log.read_text()[-2000:] for m in machines.values()])
 
             # The plain-HTTP user API does not serve the agents, not even with a valid agent credential.
-            agent_auth = {"Authorization": f"Bearer {config['agent_credential']}"}
-            assert httpx.get(info["url"] + "/v1/agent/assignment", headers=agent_auth).status_code == 401
+            agent_auth = agent_signer(str(config["agent_credential"]))
+            agent_auth.counter.advance_past(10**12)  # above every counter the agent itself has used
+            assert httpx.get(info["url"] + "/v1/agent/assignment", auth=agent_auth).status_code == 401
             # The agents' listener is TLS only, with the pinned certificate: plain HTTP gets no answer,
             # and a client that trusts only public CAs refuses the certificate.
             agents_url = str(config["controller_url"])
             with pytest.raises(httpx.HTTPError):
-                httpx.get(agents_url.replace("https://", "http://") + "/v1/agent/assignment", headers=agent_auth,
+                httpx.get(agents_url.replace("https://", "http://") + "/v1/agent/assignment", auth=agent_auth,
                           timeout=5)
             with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-                httpx.get(agents_url + "/v1/agent/assignment", headers=agent_auth, timeout=5)
+                httpx.get(agents_url + "/v1/agent/assignment", auth=agent_auth, timeout=5)
             # With the pinned certificate: the agent credential opens its assignment, the user token nothing.
             pinned = pinned_context(agents_url, str(config["controller_cert_pem"]))
             with httpx.Client(base_url=agents_url, verify=pinned, timeout=5) as agents:
-                assert agents.get("/v1/agent/assignment", headers=agent_auth).status_code == 410  # terminated
+                assert agents.get("/v1/agent/assignment", auth=agent_auth).status_code == 410  # terminated
                 assert agents.get("/v1/agent/assignment", headers=api.headers).status_code == 401
                 assert agents.get("/v1/jobs", headers=api.headers).status_code == 401
             cert = spotrain_home / "agent-tls.crt"

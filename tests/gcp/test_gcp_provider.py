@@ -295,7 +295,8 @@ def test_startup_script_carries_no_job_data(gcp_fake: FakeCompute, clock: FakeCl
     script = {i["key"]: i["value"] for i in record["metadata"]["items"]}["startup-script"]
     assert script == userdata.AgentBoot().script()
     assert "evil" not in script and "rm -rf" not in script
-    assert "'spotrain[gcp]==" in script and userdata.CONFIG_KEY in script  # pinned (finding 7)
+    # Pinned (finding 7): by default to the controller's served wheel and its hash (issue 21, finding 14).
+    assert "'spotrain[gcp]'" in script and "agent_wheel_sha256" in script and userdata.CONFIG_KEY in script
 
 
 def test_an_oversized_boot_config_is_an_invalid_request(gcp_fake: FakeCompute, clock: FakeClock,

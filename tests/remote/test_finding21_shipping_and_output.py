@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from remote_support import JOB, FakeClock
+from support import agent_signer
 
 import autoscaler.workdir as workdir_module
 from autoscaler.home import logs_dir
@@ -122,13 +123,13 @@ def test_finding5_an_agents_output_is_capped_and_rotated_per_job(
 
     app.include_router(agent_router(executor))
     client = TestClient(app)
-    auth = {"Authorization": f"Bearer {agent_credential(TOKEN, 'd-1')}"}
+    auth = agent_signer(agent_credential(TOKEN, "d-1"))
     offset, sent = 0, 0
     line = b"spam " * 13 + b"\n"
     chunk = (line * (MAX_OUTPUT_CHUNK // len(line)))[:MAX_OUTPUT_CHUNK]
     for _ in range(80):  # 5 MiB, five times the job's cap
         r = client.post(OUTPUT_PATH, json={"attempt": 1, "rank": 0, "offset": offset,
-                                           "data": base64.b64encode(chunk).decode()}, headers=auth)
+                                           "data": base64.b64encode(chunk).decode()}, auth=auth)
         assert r.status_code == 200
         offset = r.json()["next_offset"]
         sent += len(chunk)

@@ -235,19 +235,20 @@ def test_finding7_the_agent_talks_tls_to_the_pinned_certificate_only(
 # ----- the pinned install ---------------------------------------------------------------------------
 def test_finding7_the_agent_install_is_pinned_whatever_the_source() -> None:
     version = installed_version()
-    for source in (None, "index:https://pypi.example.internal/simple", "image",
+    # (The default, ``served``, names the version through the wheel in the agent config: test_issue21_wheel.py.)
+    for source in ("index:https://pypi.example.internal/simple", "image",
                    f"wheel:s3://bucket/wheels/spotrain-{version}-py3-none-any.whl#sha256={'ab' * 32}"):
         install = AgentInstall.parse(source)
         for boot in (AwsBoot(install=install), GcpBoot(install=install)):
             argv = [a for c in boot.install_commands() for a in c]
             assert version in " ".join(argv), (source, argv)
             assert not any(a in ("spotrain", "spotrain[aws]", "spotrain[gcp]") for a in argv), argv
-    assert "'spotrain[gcp]==" in GcpBoot().script()
+    assert "'spotrain[gcp]==" in GcpBoot(install=AgentInstall.parse("index:https://pypi.org/simple")).script()
     with pytest.raises(ValueError, match="without a version"):
         AwsBoot(package="spotrain>=0")
     with pytest.raises(ValueError, match="is not spotrain"):
         AgentInstall.parse("wheel:s3://bucket/spotrain-0.0.1-py3-none-any.whl")
-    with pytest.raises(ValueError, match="is not index:URL"):
+    with pytest.raises(ValueError, match="is not served, index:URL"):
         AgentInstall.parse("pypi")
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from remote_support import JOB, FakeClock, agent_config, drive
+from support import agent_signer
 
 from autoscaler.remote_executor import (
     AgentGatedProvider,
@@ -39,7 +41,7 @@ def launch(instance_id: str = "i-1", *, attempt: int = 1, ranks: Sequence[int] =
 
 @pytest.fixture
 def executor(store: Store, clock: FakeClock) -> RemoteExecutor:
-    return RemoteExecutor(store, agent_token=TOKEN, lost_after_s=30.0, clock=clock)
+    return RemoteExecutor(store, agent_token=TOKEN, lost_after_s=30.0, clock=clock, monotonic=clock)
 
 
 @pytest.fixture
@@ -51,8 +53,9 @@ def client(executor: RemoteExecutor) -> TestClient:
     return TestClient(app)
 
 
-def auth(decision_id: str, token: str = TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {agent_credential(token, decision_id)}"}
+def auth(decision_id: str, token: str = TOKEN) -> Any:
+    """Signs a request as the agent of ``decision_id`` does (with a credential of ``token``)."""
+    return agent_signer(agent_credential(token, decision_id))
 
 
 # ----- credentials and storage -----
@@ -102,11 +105,11 @@ def test_status_follows_the_agents_reports(executor: RemoteExecutor, clock: Fake
 
 
 def test_a_controller_restart_does_not_make_agents_look_lost(store: Store, clock: FakeClock) -> None:
-    first = RemoteExecutor(store, agent_token=TOKEN, clock=clock)
+    first = RemoteExecutor(store, agent_token=TOKEN, clock=clock, monotonic=clock)
     first.start(launch())
     first.record_report("i-1", Report(attempt=1, state="running"))
     clock.now += 600  # the controller was down for ten minutes
-    second = RemoteExecutor(store, agent_token=TOKEN, lost_after_s=30.0, clock=clock)
+    second = RemoteExecutor(store, agent_token=TOKEN, lost_after_s=30.0, clock=clock, monotonic=clock)
     assert second.status("i-1", 1).state is GangState.RUNNING
     clock.now += 31
     assert second.status("i-1", 1).state is GangState.LOST
@@ -158,20 +161,23 @@ def test_rendezvous_is_the_agents_address_else_the_clouds(executor: RemoteExecut
 def test_agents_need_their_own_credential_and_reach_only_their_instance(client: TestClient) -> None:
     assert client.get("/v1/agent/assignment").status_code == 401
     assert client.get("/v1/agent/assignment", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 401
-    assert client.get("/v1/agent/assignment", headers=auth("d-1", "stolen")).status_code == 401
-    assert client.get("/v1/agent/assignment", headers=auth("d-9")).status_code == 404  # not launched yet
-    r = client.get("/v1/agent/assignment", params={"instance_id": "i-2"}, headers=auth("d-1"))
+    # The credential itself is no longer a bearer token: requests must be signed with it (finding 14).
+    bearer = {"Authorization": f"Bearer {agent_credential(TOKEN, 'd-1')}"}
+    assert client.get("/v1/agent/assignment", headers=bearer).status_code == 401
+    assert client.get("/v1/agent/assignment", auth=auth("d-1", "stolen")).status_code == 401
+    assert client.get("/v1/agent/assignment", auth=auth("d-9")).status_code == 404  # not launched yet
+    r = client.get("/v1/agent/assignment", params={"instance_id": "i-2"}, auth=auth("d-1"))
     assert r.status_code == 403  # d-1 launched i-1
-    assert client.get("/v1/agent/assignment", headers=auth("d-3")).status_code == 410  # i-3 is terminated
-    r = client.get("/v1/agent/assignment", headers=auth("d-1"))
+    assert client.get("/v1/agent/assignment", auth=auth("d-3")).status_code == 410  # i-3 is terminated
+    r = client.get("/v1/agent/assignment", auth=auth("d-1"))
     assert r.status_code == 200 and r.json() == {"instance_id": "i-1", "launch": None, "notice": None, "stop_attempt": 0}
-    bad = client.post("/v1/agent/report", json={"attempt": 1, "state": "dancing"}, headers=auth("d-1"))
+    bad = client.post("/v1/agent/report", json={"attempt": 1, "state": "dancing"}, auth=auth("d-1"))
     assert bad.status_code == 422 and "state: 'dancing'" in bad.text
 
 
 def test_a_report_answers_with_the_assignment(client: TestClient, executor: RemoteExecutor) -> None:
     executor.start(launch("i-2", ranks=[1]))
-    r = client.post("/v1/agent/report", headers=auth("d-2"),
+    r = client.post("/v1/agent/report", auth=auth("d-2"),
                     json=Report(attempt=1, state="exited", exit_codes={1: 0}, instance_id="i-2").to_json())
     assert r.status_code == 200 and r.json()["launch"]["ranks"] == [1]
     st = executor.status("i-2", 1)

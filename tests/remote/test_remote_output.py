@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from remote_support import JOB, FakeClock, agent_config, drive
+from support import agent_signer
 
 from autoscaler.logs import read_output
 from autoscaler.remote_executor import RemoteExecutor, agent_credential
@@ -24,7 +25,7 @@ TOKEN = "agent-token-for-tests"
 
 @pytest.fixture
 def executor(store: Store, clock: FakeClock, spotrain_home: Path) -> RemoteExecutor:
-    return RemoteExecutor(store, agent_token=TOKEN, lost_after_s=30.0, clock=clock)
+    return RemoteExecutor(store, agent_token=TOKEN, lost_after_s=30.0, clock=clock, monotonic=clock)
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_chunks_are_appended_once_and_only_for_the_callers_own_ranks(tmp_path: P
 
     def send(decision: str, **chunk: object) -> tuple[int, object]:
         body = {"attempt": 1, "rank": 0, "offset": 0, "data": base64.b64encode(b"hello\n").decode(), **chunk}
-        r = client.post(OUTPUT_PATH, json=body, headers={"Authorization": f"Bearer {agent_credential(TOKEN, decision)}"})
+        r = client.post(OUTPUT_PATH, json=body, auth=agent_signer(agent_credential(TOKEN, decision)))
         return r.status_code, r.json()
 
     assert send("d-1") == (200, {"next_offset": 6})
@@ -79,5 +80,5 @@ def test_chunks_are_appended_once_and_only_for_the_callers_own_ranks(tmp_path: P
     with pytest.raises(WireError):
         OutputChunk(attempt=1, rank=0, offset=0, data=b"x" * (MAX_OUTPUT_CHUNK + 1))
     bad = client.post(OUTPUT_PATH, json={"attempt": 1, "rank": 0, "offset": 0, "data": ""},
-                      headers={"Authorization": f"Bearer {agent_credential('other-token', 'd-1')}"})
+                      auth=agent_signer(agent_credential("other-token", "d-1")))
     assert bad.status_code == 401
