@@ -33,6 +33,9 @@ events) so that one sees the market played a part, and its ``batch`` events with
 Runs are interleaved per seed (user, best, adaptive for seed s, then the next seed) so that the
 machine's load drifts over all three alike; ``os.getloadavg()`` is recorded before and after each.
 The sweep runs first (the best configuration must be known before the evaluation). Last line: JSON.
+On a 2-core machine at load average 11-18 the full benchmark (22 runs) took 25 minutes, ``--quick``
+(8 runs) 9; the bill follows wall time, so one configuration on one seed billed 6,048 and 9,406
+GPU-seconds in two runs of the benchmark (same steps, same accuracy): compare ratios, not figures.
 """
 
 from __future__ import annotations
