@@ -14,6 +14,7 @@ Runs under spotrain (``spotrain run examples/adaptive/job.yaml``), under plain
 schedule's length; ``ADAPTIVE_TARGET`` is the test accuracy the run reports reaching, and with
 ``ADAPTIVE_STOP_AT_TARGET=1`` the job ends there (it trains to a target, as Pollux's jobs do:
 benchmarks/adaptive.py compares the GPU-seconds each batch policy needs to get there).
+``ADAPTIVE_LR`` is the learning rate at the spec's batch (default 0.1, the user's).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ DEFAULTS = runtime.TrainingConfig(logical_workers=8, global_batch_size=64, batch
                                   lr_scaling="adascale", max_batch_size=1024, max_local_batch_size=64, seed=0)
 FEATURES, CLASSES, TEST, LABEL_NOISE = 32, 10, 4096, 0.15
 TRAIN = int(os.environ.get("ADAPTIVE_TRAIN_EXAMPLES", "16384"))  # more: training outweighs start-up
+# The learning rate at ``global_batch_size`` (SGD with momentum 0.9). A fixed-batch run at another
+# batch sets its own (benchmarks/adaptive.py sweeps it); AdaScale scales it from there.
+LR = float(os.environ.get("ADAPTIVE_LR", "0.1"))
 
 
 def teacher_data(seed: int) -> tuple[TensorDataset, TensorDataset]:
@@ -75,7 +79,7 @@ def main() -> int:
     train_set, test_set = teacher_data(config.training.seed)
     torch.manual_seed(config.training.seed)
     model = student()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     iterations = EPOCHS * (len(train_set) // config.training.global_batch_size)  # at the initial batch
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=iterations)
     trainer = runtime.ElasticTrainer(model, optimizer, train_set, loss_fn=loss_fn, config=config,
