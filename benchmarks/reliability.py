@@ -37,6 +37,7 @@ CHECKS = [
     ("moto_faults", "20 % EC2 errors on moto", "tests/reliability/test_moto_faults.py"),
     ("price_spikes", "Price spikes, tight budgets", "tests/reliability/test_price_spikes.py"),
     ("price_spikes_gap", "Price rise past the guard's reserve", "tests/reliability/test_price_spikes.py"),
+    ("hostile_loaders", "Hostile loaders (user files)", "tests/reliability/test_hostile_loaders.py"),
 ]
 
 
