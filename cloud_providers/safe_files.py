@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from .errors import ProviderError
+
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 20
 # The default limit on a YAML/JSON document a user hands the product: specs, scenarios, parameters
@@ -43,7 +45,7 @@ _MAX_SHOWN = 200
 REFUSED_CONTEXT = "document bounds"
 
 
-class FileRefused(ValueError):
+class FileRefused(ProviderError, ValueError):
     """A user's file that the product will not read; the message is one line and names the file."""
 
 
