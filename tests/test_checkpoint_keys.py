@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import stat
+import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -82,3 +85,25 @@ def test_finding9_a_job_from_before_keys_stays_unsigned() -> None:
     w.run(horizon_s=1800.0)
     gang = w.executor._jobs[job_id].gang
     assert gang is not None and ENV_CHECKPOINT_KEY not in gang.env
+
+
+def test_finding9_the_local_executors_agent_config_holding_the_key_is_private(tmp_path: Path) -> None:
+    """``--executor local`` writes each attempt's environment (the key included) to ``agent.json``:
+    mode 0600, as the rest of SPOTRAIN_HOME's secrets (it was 0644 by the umask)."""
+    from cloud_providers.executor import WorkerLaunch
+    from cloud_providers.local.executor import LocalExecutor
+
+    executor = LocalExecutor(tmp_path / "cloud")
+    executor.start(WorkerLaunch(
+        instance_id="i-1", job_id="kl-1", attempt=1, run="true", setup=None, cwd=str(tmp_path), ranks=[0],
+        world_size=1, master_addr="127.0.0.1", master_port=29500, env={ENV_CHECKPOINT_KEY: "ab" * 32},
+        log_dir=str(tmp_path / "logs")))
+    try:
+        configs = list((tmp_path / "cloud").rglob("agent.json"))
+        assert len(configs) == 1 and "ab" * 32 in configs[0].read_text()
+        assert stat.S_IMODE(configs[0].stat().st_mode) == 0o600
+        deadline = time.monotonic() + 30
+        while executor.status("i-1", 1).state.value == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        executor.stop("i-1")
