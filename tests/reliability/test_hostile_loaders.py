@@ -2,7 +2,7 @@
 in one line naming the file, at once, with no traceback, hang or unbounded read.
 
 Loaders: the job spec, a local-cloud scenario, ``--policy-params`` (YAML and JSON), a market trace, a
-``simulate --workload`` CSV and a scaling profile (through the spec). Files: a FIFO, a link to
+``simulate --workload`` CSV, a scaling profile (through the spec) and the remote agent's ``--config``. Files: a FIFO, a link to
 ``/dev/zero``, a directory, a 300 MB sparse file, an alias bomb, a 4,000-digit integer, duplicate
 keys, 100,000-deep nesting, a 200 KB CSV field, bytes that are not UTF-8. Before the fix the FIFO and
 the alias bomb hung (> 60 s), ``/dev/zero`` read until memory ran out, and the integer, the CSV field
@@ -26,6 +26,7 @@ from autoscaler.simulator.workload import read_workload
 from autoscaler.spec import load_spec, spec_from_dict
 from cloud_providers.local.market import MarketTrace
 from cloud_providers.local.scenario import load_scenario
+from cloud_providers.remote.config import AgentConfig
 
 from .figures import record
 
@@ -74,6 +75,7 @@ LOADERS: dict[str, tuple[str, Callable[[Path], Any]]] = {
     "market-trace": (".csv", MarketTrace.load),
     "workload": (".csv", read_workload),
     "scaling-profile": (".csv", _profile),
+    "remote-agent-config": (".json", AgentConfig.load),
 }
 KINDS = ["fifo", "dev-zero", "directory", "300-MB-sparse", "alias-bomb", "4000-digit-int", "duplicate-keys",
          "deep-nesting", "200-KB-CSV-field", "not-UTF-8"]
