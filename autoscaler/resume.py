@@ -37,7 +37,7 @@ def resume_job(ctl: Controller, ref: str) -> dict[str, Any]:
             why = "it is still running" if not state.terminal else "it succeeded"
             raise NotResumable(f"{old.job_id} cannot be resumed: {why} ({state.value})")
         spec = spec_from_stored(json.loads(old.spec_json))
-        old_id, workdir, uri = old.job_id, Path(old.workdir), old.checkpoint_uri
+        old_id, workdir, uri, key = old.job_id, Path(old.workdir), old.checkpoint_uri, old.checkpoint_key
         ckpt, total = old.last_checkpoint_step, old.total_steps
     # Under the controller's lock: no tick may start the new job's workers before they are told
     # where the checkpoints are.
@@ -48,6 +48,7 @@ def resume_job(ctl: Controller, ref: str) -> dict[str, Any]:
             old_row = s.get(Job, old_id)
             assert job is not None and old_row is not None
             job.checkpoint_uri = uri
+            job.checkpoint_key = key  # the checkpoints there are signed with it (or unsigned: "")
             job.step = ckpt or 0
             job.last_checkpoint_step = ckpt
             job.total_steps = total

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from cloud_providers.safe_files import read_text_file
 from cost_models.goodput import GoodputFunction, ThroughputModel
-from cost_models.scaling import AmdahlScaling, LinearScaling, ProfileScaling, Scaling, read_profile_csv
+from cost_models.scaling import MAX_PROFILE_BYTES, AmdahlScaling, LinearScaling, ProfileScaling, Scaling, parse_profile_csv
 
 from .errors import SpecError
 from .spec import JobSpec
@@ -40,8 +41,8 @@ from .spec import JobSpec
 
 @functools.lru_cache(maxsize=64)
 def _profile(path: str, mtime_ns: int, batch: int) -> ProfileScaling:
-    try:
-        model = read_profile_csv(Path(path))
+    try:  # a bounded regular file (issue 21, finding 12): a FIFO or /dev/zero is refused at once
+        model = parse_profile_csv(read_text_file(path, max_bytes=MAX_PROFILE_BYTES, what=""), source=path)
     except ValueError as exc:
         raise SpecError(f"spec error: simulate.scaling.profile: {exc}") from None
     return ProfileScaling(model, batch)

@@ -9,9 +9,11 @@ the one grammar); a bare number is an error, as DESIGN.md asks. ``to_dict`` writ
 ``<seconds>s``, which reads back to the same float.
 
 Hostile input (issue 14, finding 8) is refused in one line before it can cost much: the YAML reader
-(``_SpecLoader``) refuses anchors and aliases (an alias bomb expands to gigabytes), nesting deeper than
-``MAX_DEPTH``, integers longer than ``MAX_INT_DIGITS`` digits and duplicate keys, and reads at most
-``MAX_SPEC_BYTES``; a dict from the API gets the same depth and integer bounds (``_check_plain``).
+(``cloud_providers.safe_files.BoundedLoader``, shared by every YAML the product reads) refuses anchors
+and aliases (an alias bomb expands to gigabytes), nesting deeper than ``MAX_DEPTH``, integers longer
+than ``MAX_INT_DIGITS`` digits and duplicate keys, and reads at most ``MAX_SPEC_BYTES`` of a regular file
+(a FIFO or device is refused without waiting on it, issue 21 finding 11); a dict from the API gets
+the same depth and integer bounds (``_check_plain``).
 Messages never show a whole input (``_show``) and are one line (``_one_line``): a key holding a newline
 is escaped, not printed. ``run`` and ``setup`` must fit one command line (finding 9).
 """
@@ -28,15 +30,17 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
-from cloud_providers import catalog
+from cloud_providers import catalog, safe_files
 from cloud_providers.durations import format_duration_s, parse_duration_s
+from cloud_providers.safe_files import REFUSED_CONTEXT, FileRefused, load_yaml_raw, read_regular_file, yaml_problem
+from cost_models.store_uri import parse_store_uri
 
 from .errors import SpecError
 
 # Bounds on a spec (issue 14): a real spec is a few kB, a few levels deep, with small numbers.
 MAX_SPEC_BYTES = 1024 * 1024
-MAX_DEPTH = 32
-MAX_INT_DIGITS = 20
+MAX_DEPTH = safe_files.MAX_DEPTH
+MAX_INT_DIGITS = safe_files.MAX_INT_DIGITS
 MAX_INT = 2**63 - 1
 # One command line (``bash -c RUN``) must fit the OS's limit on one argument (Linux: 128 KiB).
 MAX_COMMAND_BYTES = 64 * 1024
@@ -182,8 +186,9 @@ class Checkpoint(_Strict):
     def _scheme(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if not re.match(r"^(file:///|s3://[^/]|gs://[^/]).+", v):
-            raise ValueError(f"{v!r} must be file:///absolute/path, s3://bucket/prefix or gs://bucket/prefix")
+        # The rule the runtime's make_store applies (issue 21, finding 13): refused here, at submit,
+        # rather than in every rank at the job's first start.
+        parse_store_uri(v)
         return v.rstrip("/")
 
 
@@ -372,74 +377,11 @@ def set_override(data: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = value
 
 
-# The ``context`` of the YAML errors _SpecLoader raises for valid YAML that a spec may not hold (an
-# alias, deep nesting, a huge integer, a duplicate key): they are not syntax errors.
-_REFUSED = "spec bounds"
-
-
-def _refused(problem: str, mark: Any) -> yaml.MarkedYAMLError:
-    return yaml.MarkedYAMLError(context=_REFUSED, problem=problem, problem_mark=mark)
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with the bounds of a spec (see the module doc). Pure Python, so that the
-    composer's hooks run (libyaml composes in C); a spec is small enough for it."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise _refused("YAML anchors and aliases are not allowed in a spec", event.start_mark)
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise _refused(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_yaml_int(self, node: Any) -> Any:
-        digits = sum(c.isalnum() for c in str(node.value))
-        if digits > MAX_INT_DIGITS:
-            raise _refused(f"an integer of {digits} digits is too large (at most {MAX_INT_DIGITS})", node.start_mark)
-        return super().construct_yaml_int(node)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.setdefault(key, key_node)
-            except TypeError:
-                continue  # an unhashable key: the constructor refuses it in one line itself
-            if first is not key_node:
-                raise _refused(f"duplicate key {_show(key)} (first at line {first.start_mark.line + 1})",
-                               key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
-_SpecLoader.add_constructor("tag:yaml.org,2002:int", _SpecLoader.construct_yaml_int)
-
-
-def _load_yaml(text: str) -> Any:
-    loader = _SpecLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [""])[0]
-    if mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return str(problem)
+# The spec's YAML reader is the product's one bounded reader (``cloud_providers.safe_files``): aliases,
+# deep nesting, huge integers and duplicate keys are refused there, with ``context == _REFUSED``.
+_REFUSED = REFUSED_CONTEXT
+_load_yaml = load_yaml_raw
+_yaml_problem = yaml_problem
 
 
 def parse_spec_text(text: str, *, overrides: Iterable[str] = (), source: str = "spec") -> JobSpec:
@@ -501,15 +443,12 @@ def spec_from_stored(data: Mapping[str, Any]) -> JobSpec:
 def load_spec(path: str | Path, *, overrides: Iterable[str] = ()) -> tuple[JobSpec, Path]:
     """Load and validate a spec file. Returns the spec and the absolute workdir it refers to."""
     p = Path(path)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
-        if len(raw) > MAX_SPEC_BYTES:
-            raise SpecError(_one_line(f"spec error: {path}: larger than {MAX_SPEC_BYTES} bytes"))
+    try:  # a regular file only: a FIFO or /dev/zero named as the spec is refused, never waited on
+        raw = read_regular_file(p, max_bytes=MAX_SPEC_BYTES, what="spec")
         text = raw.decode()
-    except FileNotFoundError:
-        raise SpecError(_one_line(f"spec error: {path}: no such file")) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except FileRefused as exc:
+        raise SpecError(_one_line(f"spec error: {str(exc).removeprefix('spec ')}")) from None
+    except UnicodeDecodeError as exc:
         raise SpecError(_one_line(f"spec error: {path}: cannot read ({exc.__class__.__name__})")) from None
     spec = parse_spec_text(text, overrides=overrides, source=str(path))
     workdir = (p.parent / spec.workdir).resolve()

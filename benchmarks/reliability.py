@@ -41,6 +41,7 @@ CHECKS = [
     ("hostile_workdirs", "Hostile workdirs (ignore file, globs, files)", "tests/reliability/test_hostile_jobfiles.py"),
     ("list_latency", "List views at 10,000 finished jobs", "tests/reliability/test_list_views_10k.py"),
     ("remote_fleet_takeover", "Remote-agent fleet takeover", "tests/reliability/test_remote_fleet_takeover.py"),
+    ("hostile_loaders", "Hostile loaders (user files)", "tests/reliability/test_hostile_loaders.py"),
 ]
 
 

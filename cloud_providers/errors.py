@@ -15,13 +15,14 @@ Every error a cloud SDK raises is translated where it enters, to the most specif
     ├── SdkMissing            (the cloud's SDK is not installed: ``pip install 'spotrain[aws]'``)
     ├── TraceError            (local/market.py: a market trace file is malformed; names line and column)
     ├── ScenarioError         (local/scenario.py: a local-cloud scenario file is invalid; names the field)
+    ├── FileRefused           (safe_files.py: a user's file is not a bounded regular file of sane YAML/JSON)
     ├── WireError             (remote/wire.py: an agent <-> controller message breaks the wire format)
     ├── MetadataError         (remote/metadata.py: the instance's metadata service cannot be read)
     ├── WorkdirError          (remote/workdir.py: the job's shipped workdir is unreadable, tampered or unsafe)
     ├── ControllerUnreachable (remote/agent.py: the agent's controller does not answer; retry later)
     └── InstanceGone          (remote/agent.py: the controller says the agent's instance is gone for good)
 
-``SdkMissing``, ``TraceError``, ``ScenarioError`` and ``WireError`` are also ``ValueError``s: like a bad
+``SdkMissing``, ``TraceError``, ``ScenarioError``, ``FileRefused`` and ``WireError`` are also ``ValueError``s: like a bad
 provider setting, they reject input (a setting, a file, a message) and are shown as one line.
 The other boundaries have their own roots: ``autoscaler.errors.SpotrainError`` (controller and CLI)
 and ``runtime.errors.RuntimeFailure``.

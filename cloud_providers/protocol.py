@@ -18,6 +18,11 @@ Environment given to every worker process (torchrun-compatible, so the runtime a
     SPOTRAIN_PROGRESS_FILE         rank 0 atomically rewrites this JSON file with its progress
     SPOTRAIN_BATCH_JSON            optional: the batch configuration the controller chose for this gang,
                                    {"batch_size", "local_bsz", "accum_steps"} (absent: the spec's batch)
+    SPOTRAIN_CHECKPOINT_KEY        optional: the job's checkpoint key (64 hex digits), issued by the
+                                   controller (issue 21, finding 9): the runtime signs every manifest
+                                   with HMAC-SHA256 under it and refuses, as corrupt, a checkpoint whose
+                                   signature is missing or wrong (docs/formats.md). A secret: never
+                                   logged, never in events, API answers or user data.
 
 Notice file body: {"reason": "preemption"|"rebalance"|"rescale"|"cancel", "deadline_unix_s": float}.
 On a notice every rank stops at the same next minibatch boundary, a checkpoint is written and the
@@ -52,6 +57,7 @@ ENV_TRAINING_JSON = "SPOTRAIN_TRAINING_JSON"
 ENV_NOTICE_FILE = "SPOTRAIN_NOTICE_FILE"
 ENV_PROGRESS_FILE = "SPOTRAIN_PROGRESS_FILE"
 ENV_BATCH_JSON = "SPOTRAIN_BATCH_JSON"
+ENV_CHECKPOINT_KEY = "SPOTRAIN_CHECKPOINT_KEY"
 
 NOTICE_PREEMPTION = "preemption"
 NOTICE_REBALANCE = "rebalance"

@@ -108,7 +108,26 @@ def read_profile_csv(path: str | Path) -> ThroughputModel:
         text = p.read_text()
     except OSError as exc:
         raise ValueError(f"profile {path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
-    return _fit_rows(tuple(csv.DictReader(text.splitlines())), str(path))
+    return parse_profile_csv(text, source=str(path))
+
+
+# A profile is a few dozen rows; past these it is not one (issue 21, finding 12).
+MAX_PROFILE_ROWS = 10_000
+MAX_PROFILE_BYTES = 1024 * 1024
+
+
+def parse_profile_csv(text: str, *, source: str = "profile") -> ThroughputModel:
+    """:func:`read_profile_csv` over text already read (the controller reads the file with its bounded
+    reader); a CSV error or more than ``MAX_PROFILE_ROWS`` rows is a one-line ValueError."""
+    if len(text) > MAX_PROFILE_BYTES:
+        raise ValueError(f"profile {source}: larger than {MAX_PROFILE_BYTES} bytes")
+    try:
+        rows = tuple(csv.DictReader(text.splitlines()))
+    except csv.Error as exc:
+        raise ValueError(f"profile {source}: not a CSV file ({exc})") from None
+    if len(rows) > MAX_PROFILE_ROWS:
+        raise ValueError(f"profile {source}: more than {MAX_PROFILE_ROWS} rows")
+    return _fit_rows(rows, source)
 
 
 def _fit_rows(rows: tuple[dict[str, str], ...], source: str) -> ThroughputModel:

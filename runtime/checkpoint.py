@@ -27,11 +27,22 @@ jobs that share a directory must fail, not resume from or prune each other's che
 the directory's, :func:`directory_owner`, so that a job resumed on an ended job's URI continues it). A newer
 complete checkpoint of a step set aside replaces it, and pruning drops set-aside and abandoned
 directories and the temporary files of writers killed mid-write, under ``keep``.
+
+Integrity is not authenticity (issue 21, finding 9): code that can write a job's store could write a
+checkpoint with the job's id and matching hashes. A manager given a ``signing_key`` (the controller
+issues one per job, ``SPOTRAIN_CHECKPOINT_KEY``) signs each manifest: ``manifest_hmac_sha256`` is
+HMAC-SHA256 under the key of ``spotrain-manifest/1:`` and the manifest's own sha256 (which covers every
+other field, the files' hashes included). Loading with a key refuses a manifest whose signature is
+missing or wrong as corrupt: it is set aside and the load falls back, as for a bad hash. Unsigned
+checkpoints are refused too: a forger could simply leave the signature out, and nothing in a manifest
+(its ``created_unix_s`` included) can tell a checkpoint written before keys from a forged one; a job
+submitted before its controller issued keys has no key and stays unsigned (docs/formats.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -62,6 +73,8 @@ log = logging.getLogger(__name__)
 # Written into a checkpoint directory that failed verification: it is skipped from then on.
 CORRUPT_MARKER = "CORRUPT"
 MANIFEST_HASH_KEY = "manifest_sha256"
+MANIFEST_SIGNATURE_KEY = "manifest_hmac_sha256"
+_SIGNATURE_CONTEXT = b"spotrain-manifest/1:"
 # A manifest is a few kB to a few MB (the state's skeleton); larger or deeper is not one of ours.
 # Depth counts JSON containers: each level of a state's dicts takes three ({"__dict__": [[k, v]]}).
 MANIFEST_MAX_BYTES = 64 << 20
@@ -104,12 +117,17 @@ class CheckpointManager:
     :func:`directory_owner`), written into every manifest; a manifest naming another job, or none, is
     refused with :class:`ForeignCheckpoint`. ``also_accept``: other job ids whose manifests belong
     here too (the trainer's own id, which is not the directory's in a job that ``spotrain resume``
-    started on an ended job's checkpoints). ``job_id=None`` (tools, tests) reads any job's."""
+    started on an ended job's checkpoints). ``job_id=None`` (tools, tests) reads any job's.
+    ``signing_key``: the job's key (bytes, at least 16): manifests are signed with it, and one whose
+    signature is missing or does not verify is corrupt (see the module doc); None: unsigned."""
 
     def __init__(self, store: Store, *, keep: int, writer: bool = True, job_id: str | None = None,
-                 also_accept: Collection[str] = ()) -> None:
+                 also_accept: Collection[str] = (), signing_key: bytes | None = None) -> None:
         if keep < 1:
             raise ValueError(f"checkpoint.keep: must be >= 1, got {keep}")
+        if signing_key is not None and len(signing_key) < 16:
+            raise ValueError("checkpoint signing key: at least 16 bytes")
+        self._signing_key = signing_key
         self.store = store
         self.keep = keep
         self.writer = writer
@@ -282,6 +300,8 @@ class CheckpointManager:
                 files = dict(pool.map(write, shards))
         manifest = dict(snap.manifest, files=files, created_unix_s=time.time())
         manifest[MANIFEST_HASH_KEY] = _manifest_sha256(manifest)
+        if self._signing_key is not None:
+            manifest[MANIFEST_SIGNATURE_KEY] = _signature(self._signing_key, manifest[MANIFEST_HASH_KEY])
         body = json.dumps(manifest, indent=1).encode()
         if len(body) > MANIFEST_MAX_BYTES:
             raise StateError(f"checkpoint {snap.step}: the manifest would be {len(body)} bytes, over the "
@@ -339,6 +359,7 @@ class CheckpointManager:
         early = _take_prefetched(self.store.uri, step)
         if early is not None:
             self._check_job(early[1].manifest, step)
+            self._check_signature(early[1].manifest, step)  # the read ahead had no key
             self.last_load_s, loaded = early
             self.last_load_prefetched = True
             return loaded
@@ -398,7 +419,22 @@ class CheckpointManager:
             raise CheckpointCorrupt(f"checkpoint {step}: manifest has no {MANIFEST_HASH_KEY}")
         if manifest[MANIFEST_HASH_KEY] != _manifest_sha256(manifest):
             raise CheckpointCorrupt(f"checkpoint {step}: manifest fails its sha256 check")
+        self._check_signature(manifest, step)
         return manifest
+
+    def _check_signature(self, manifest: dict[str, Any], step: int) -> None:
+        """With a key: the manifest's signature must verify (a forged or unsigned one is corrupt)."""
+        if self._signing_key is None:
+            return
+        signature = manifest.get(MANIFEST_SIGNATURE_KEY)
+        if not isinstance(signature, str):
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest is not signed, and this job's checkpoints "
+                                    "must be (a checkpoint not written by this job's workers)")
+        digest = manifest.get(MANIFEST_HASH_KEY)
+        expected = _signature(self._signing_key, digest if isinstance(digest, str) else "")
+        if not hmac.compare_digest(signature.encode("utf-8", "replace"), expected.encode()):
+            raise CheckpointCorrupt(f"checkpoint {step}: manifest signature does not verify with this job's key "
+                                    "(a checkpoint not written by this job's workers)")
 
     def _check_job(self, manifest: dict[str, Any], step: int) -> None:
         if self.job_id is None or manifest.get("job_id") in self._accepted:
@@ -472,8 +508,12 @@ def _nesting_exceeds(value: Any, limit: int) -> bool:
 
 
 def _manifest_sha256(manifest: dict[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != MANIFEST_HASH_KEY}
+    body = {k: v for k, v in manifest.items() if k not in (MANIFEST_HASH_KEY, MANIFEST_SIGNATURE_KEY)}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _signature(key: bytes, manifest_sha256: str) -> str:
+    return hmac.new(key, _SIGNATURE_CONTEXT + manifest_sha256.encode(), hashlib.sha256).hexdigest()
 
 
 def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]], *, threads: int) -> None:

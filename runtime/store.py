@@ -40,9 +40,10 @@ import stat
 import tempfile
 import uuid
 from typing import Any, BinaryIO, Iterator, Protocol
-from urllib.parse import urlparse
 
 import torch
+
+from cost_models.store_uri import parse_store_uri
 
 from .errors import ObjectUnreadable, StoreError, UnsupportedStore
 from .serialization import read_into
@@ -78,58 +79,25 @@ class Store(Protocol):
     def url(self, relpath: str) -> str: ...
 
 
-# Bucket names as S3 and GCS allow them (lowercase letters, digits, dots, hyphens; GCS also underscores).
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
-
-
 def make_store(uri: str) -> Store:
     """The store for ``uri`` (``file:///abs/path``, ``s3://bucket/prefix``, ``gs://bucket/prefix``).
 
     A URI the store would read as another one is refused (issue 14, finding 2): the controller gives
     each job ``<store>/<job_id>``, and with a query (``file:///data/ckpt?/job-2``), a fragment, a
     percent-escape or a ``.``/``..``/empty segment in it, two jobs' URIs could name one directory.
-    Whatever is accepted round-trips: ``make_store(uri).uri == uri`` up to a trailing ``/``."""
-    _check_uri_text(uri)
-    parsed = urlparse(uri)
+    The rule is ``cost_models.store_uri.parse_store_uri``, the one the spec applies at submit (issue 21,
+    finding 13). Whatever is accepted round-trips: ``make_store(uri).uri == uri`` up to a trailing ``/``."""
+    parts = parse_store_uri(uri)
     store: Store
-    if parsed.scheme == "file":
-        if parsed.netloc or not parsed.path.startswith("/"):
-            raise ValueError(f"checkpoint URI {uri!r}: file:// URIs must be absolute (file:///path)")
-        if not parsed.path.strip("/"):
-            raise ValueError(f"checkpoint URI {uri!r}: the filesystem root cannot be a checkpoint store")
-        store = FileStore(parsed.path.rstrip("/"))
-    elif parsed.scheme in ("s3", "gs"):
-        if not parsed.netloc:
-            raise ValueError(f"checkpoint URI {uri!r}: missing bucket")
-        if not _BUCKET.match(parsed.netloc):
-            raise ValueError(f"checkpoint URI {uri!r}: {parsed.netloc!r} is not a bucket name "
-                             "(lowercase letters, digits, '.', '-', '_'; no user, no port)")
-        if parsed.scheme == "gs":
-            _require_gcs(uri)
-        store = (S3Store if parsed.scheme == "s3" else GcsStore)(parsed.netloc, parsed.path.strip("/"))
+    if parts.scheme == "file":
+        store = FileStore(parts.path)
     else:
-        raise ValueError(f"checkpoint URI {uri!r}: unsupported scheme (use file://, s3:// or gs://)")
+        if parts.scheme == "gs":
+            _require_gcs(uri)
+        store = (S3Store if parts.scheme == "s3" else GcsStore)(parts.bucket, parts.path)
     if store.uri != uri.rstrip("/"):
         raise ValueError(f"checkpoint URI {uri!r}: does not round-trip (it would be read as {store.uri!r})")
     return store
-
-
-def _check_uri_text(uri: str) -> None:
-    if "?" in uri:
-        raise ValueError(f"checkpoint URI {uri!r}: a query ('?') is not allowed (it is not part of the path, "
-                         "so the job's checkpoints would not live under it)")
-    if "#" in uri:
-        raise ValueError(f"checkpoint URI {uri!r}: a fragment ('#') is not allowed (it is not part of the path)")
-    if "%" in uri:
-        raise ValueError(f"checkpoint URI {uri!r}: percent-escapes ('%') are not supported")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
-        raise ValueError(f"checkpoint URI {uri!r}: control characters are not allowed")
-    _, sep, rest = uri.partition("://")
-    segments = rest.split("/")[1:] if sep else []  # after the bucket (or the empty host of file:///)
-    if segments and segments[-1] == "":
-        segments.pop()  # one trailing '/'
-    if any(seg in ("", ".", "..") for seg in segments):
-        raise ValueError(f"checkpoint URI {uri!r}: empty, '.' and '..' path segments are not allowed")
 
 
 # Directories below a FileStore's root are opened one component at a time, never through a symbolic

@@ -177,7 +177,7 @@ class ElasticTrainer:
         # URI's (``<store>/<job_id>``), which a job started by ``spotrain resume`` continues.
         self.checkpoints = CheckpointManager(make_store(config.checkpoint.uri), keep=config.checkpoint.keep,
                                              writer=self.is_rank0, job_id=directory_owner(config.checkpoint.uri),
-                                             also_accept=(config.job_id,))
+                                             also_accept=(config.job_id,), signing_key=config.checkpoint.signing_key)
         self.progress = ProgressWriter(config.progress_file if self.is_rank0 else None,
                                        interval_s=config.progress_interval_s)
         self.watcher = NoticeWatcher(config.notices).start()

@@ -57,7 +57,9 @@ DESCRIPTIONS: dict[str, str] = {
     "objective.budget_usd": "Hard cap in US dollars, never exceeded (the job ends FAILED_BUDGET first).",
     "checkpoint": "Where and how often the runtime checkpoints (besides on every notice).",
     "checkpoint.store": "`file:///absolute/path`, `s3://bucket/prefix` or `gs://bucket/prefix` (default: "
-                        "`SPOTRAIN_HOME/checkpoints`); a job's checkpoints live under `<store>/<job_id>/`.",
+                        "`SPOTRAIN_HOME/checkpoints`); a job's checkpoints live under `<store>/<job_id>/`. Checked at "
+                        "submit with the rule the workers apply (no `?`, `#`, `%`, `.`/`..`/empty segments; S3/GCS "
+                        "bucket naming rules): [formats.md](formats.md#checkpoints).",
     "checkpoint.interval": "Periodic checkpoint interval (a duration).",
     "checkpoint.keep": "How many checkpoints to keep.",
     "retries": "Restarts after user-code failures (infrastructure failures are always recovered).",

@@ -48,9 +48,18 @@ def policy_params_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _study_name(trace_path: str, job_path: str, overrides: tuple[str, ...], extra: dict[str, Any]) -> str:
     """One study per (trace, job, setup): the name hashes the files' contents and the options."""
+    from cloud_providers.local.market import MAX_TRACE_BYTES
+    from cloud_providers.safe_files import FileRefused, read_regular_file
+
+    from ..errors import SpecError
+    from ..spec import MAX_SPEC_BYTES
+
     h = hashlib.sha256()
-    for p in (trace_path, job_path):
-        h.update(Path(p).read_bytes())
+    for p, limit in ((trace_path, MAX_TRACE_BYTES), (job_path, MAX_SPEC_BYTES)):
+        try:  # bounded regular files (issue 21, finding 11): a FIFO is refused, never waited on
+            h.update(read_regular_file(p, max_bytes=limit, what=""))
+        except FileRefused as exc:
+            raise SpecError(str(exc)) from None
     h.update(json.dumps([list(overrides), extra], sort_keys=True).encode())
     return f"spotrain-{h.hexdigest()[:16]}"
 

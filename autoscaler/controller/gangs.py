@@ -336,6 +336,8 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], b
     }
     if batch is not None:
         env[protocol.ENV_BATCH_JSON] = json.dumps(batch.to_json())
+    if job.checkpoint_key:  # issue 21, finding 9; "" for a job submitted before keys: unsigned
+        env[protocol.ENV_CHECKPOINT_KEY] = job.checkpoint_key
     rank = 0
     log_dir = str(ctx.logs_dir(job.job_id))
     started: list[InstanceRow] = []

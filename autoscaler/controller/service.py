@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import logging
 import threading
 import uuid
@@ -213,6 +214,7 @@ class Controller:
                 spec_json=json.dumps(spec.to_dict()), workdir=str(workdir), checkpoint_uri=f"{store_uri}/{job_id}",
                 state=JobState.PENDING.value, reason="submitted", submitted_at=ctx.now(),
                 submitted_clock_s=ctx.provider.now_s(), scenario_json=json.dumps(dict(scenario or {})),
+                checkpoint_key=secrets.token_hex(32),
             )
             s.add(job)
             s.flush()

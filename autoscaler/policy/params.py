@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cloud_providers.safe_files import FileRefused, load_document
+
 from .jobmath import CAPACITY_BACKOFF_S, DEFAULT_RESTART_OVERHEAD_S
 
 
@@ -195,25 +197,15 @@ def load_params_file(path: str | Path) -> PolicyParams:
     """Parameters from a JSON or YAML file (``.yaml``/``.yml`` read as YAML, anything else as JSON).
     Raises ``ValueError`` with one line naming the file and, for a bad value, the field."""
     p = Path(path)
+    # The product's one bounded reader (issue 21, finding 11): a regular file of at most 1 MiB, no
+    # aliases, duplicate keys, huge integers or deep nesting; a FIFO or /dev/zero is refused at once.
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ValueError(f"policy parameters file {p}: {exc.strerror or exc}") from None
-    try:
-        if p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(text)
-        else:
-            import json
-
-            values = json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is the file's: one line
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"policy parameters file {p}: not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'} ({first})") from None
+        values = load_document(p, what="policy parameters file")
+    except FileRefused as exc:
+        raise ValueError(str(exc)) from None
     try:
         return PolicyParams.from_mapping(values if values is not None else {})
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"policy parameters file {p}: {exc}") from None
 
 

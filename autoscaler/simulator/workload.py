@@ -45,6 +45,7 @@ from typing import Any
 
 from cloud_providers.base import Offering
 from cloud_providers.local.market import MarketTrace
+from cloud_providers.safe_files import FileRefused, read_text_file
 from cost_models.scaling import LinearScaling, ProfileScaling, pollux_model
 from sqlalchemy import select
 
@@ -70,6 +71,9 @@ TARGET_PROGRESS = {"cifar10": (128, 39063.0), "bert": (12, 14774.0), "imagenet":
 NOISE_SCALE = {"cifar10": 4890.0, "bert": 774.0, "imagenet": 11388.0, "ncf": 12988628.0}
 # The largest total batch Pollux validated per model (its largest ``validation-<M>.csv``): the
 # adaptive cap (or the user's batch, if larger).
+# A workload is a few hundred jobs (Pollux's traces: 160); past these it is not one (issue 21, finding 12).
+MAX_WORKLOAD_JOBS = 100_000
+MAX_WORKLOAD_BYTES = 16 * 1024 * 1024
 MAX_BATCH_SIZE = {"cifar10": 4096, "bert": 384, "imagenet": 12800, "ncf": 32768}
 BATCH_POLICIES = ("fixed", "adaptive")
 
@@ -107,13 +111,16 @@ class WorkloadJob:
 
 
 def read_workload(path: str | Path) -> list[WorkloadJob]:
+    try:  # a bounded regular file (issue 21, finding 12): a FIFO or /dev/zero is refused at once
+        text = read_text_file(path, max_bytes=MAX_WORKLOAD_BYTES, what="workload")
+    except FileRefused as exc:
+        raise WorkloadError(str(exc)) from None
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise WorkloadError(f"workload {path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"workload {path}: not UTF-8 text (a CSV workload is expected)") from None
-    rows = list(csv.DictReader(text.splitlines()))
+        rows = list(csv.DictReader(text.splitlines()))
+    except csv.Error as exc:
+        raise WorkloadError(f"workload {path}: not a CSV file ({exc})") from None
+    if len(rows) > MAX_WORKLOAD_JOBS:
+        raise WorkloadError(f"workload {path}: more than {MAX_WORKLOAD_JOBS} jobs")
     out = []
     for i, r in enumerate(rows, start=2):
         try:

@@ -42,8 +42,12 @@ MAX_PROGRESS_BYTES = 1024 * 1024
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, mode 0600: ``agent.json`` holds the job's environment,
+    its checkpoint key included (issue 21, finding 9)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 

@@ -6,6 +6,11 @@ row. Past the last row an offering keeps its last state. An empty ``spot_price``
 
 The same parsed trace drives the local cloud (in compressed real time) and the simulator (in virtual
 time), so the two see exactly the same market.
+
+Size limits (issue 21, finding 12; docs/formats.md): a trace file is a regular file of at most
+``MAX_TRACE_BYTES`` bytes and ``MAX_TRACE_ROWS`` data rows, each field at most ``MAX_FIELD_BYTES``;
+anything beyond, a FIFO or a device is one :class:`TraceError` line naming the file (and the line).
+Two months of 5-minute rows for 20 offerings are 350,000 rows; ``MAX_TRACE_ROWS`` parse in about 10 s.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import csv
 import dataclasses
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 
 from ..base import Offering
 from ..catalog import NOTICE_SECONDS
 from ..errors import ProviderError
+from ..safe_files import FileRefused, read_text_file
 
 HEADER = (
     "time_s",
@@ -38,6 +44,10 @@ HEADER = (
 # Sanity bounds: GPUs per instance and spot instances per offering (a typo, not a market).
 MAX_GPUS = 64
 MAX_SPOT_AVAILABLE = 1_000_000
+# Size bounds (docs/formats.md): past these a trace is not a market but a mistake or an attack.
+MAX_TRACE_BYTES = 64 * 1024 * 1024
+MAX_TRACE_ROWS = 500_000
+MAX_FIELD_BYTES = 1024
 
 
 class TraceError(ProviderError, ValueError):
@@ -130,17 +140,25 @@ class MarketTrace:
     # ----- parsing -----
     @classmethod
     def parse(cls, text: str, *, source: str = "trace") -> "MarketTrace":
+        if len(text) > MAX_TRACE_BYTES:
+            raise TraceError(f"{source}: larger than the limit of {MAX_TRACE_BYTES} bytes (docs/formats.md)")
         reader = csv.reader(io.StringIO(text))
+        rows = _rows(reader, source)
         try:
-            header = next(reader)
+            header = next(rows)
         except StopIteration:
             raise TraceError(f"{source}: empty file") from None
         if tuple(h.strip() for h in header) != HEADER:
             raise TraceError(f"{source}: line 1: header must be {','.join(HEADER)}")
         series: dict[str, _Series] = {}
-        for lineno, row in enumerate(reader, start=2):
+        count = 0
+        for row in rows:
+            lineno = reader.line_num
             if not row or all(not c.strip() for c in row):
                 continue
+            count += 1
+            if count > MAX_TRACE_ROWS:
+                raise TraceError(f"{source}: line {lineno}: more than {MAX_TRACE_ROWS} rows (the limit, docs/formats.md)")
             if len(row) != len(HEADER):
                 raise TraceError(f"{source}: line {lineno}: expected {len(HEADER)} columns, got {len(row)}")
             rec = dict(zip(HEADER, (c.strip() for c in row)))
@@ -184,19 +202,33 @@ class MarketTrace:
 
     @classmethod
     def load(cls, path: str | Path) -> "MarketTrace":
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8-sig")
-        except OSError as exc:
-            raise TraceError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
-        except UnicodeDecodeError:
-            raise TraceError(f"{path}: not UTF-8 text (a CSV market trace is expected)") from None
+        try:  # a regular file only: a FIFO or /dev/zero is refused, never waited on or read to the end
+            text = read_text_file(path, max_bytes=MAX_TRACE_BYTES, what="market trace")
+        except FileRefused as exc:
+            raise TraceError(str(exc)) from None
         return cls.parse(text, source=str(path))
 
     @classmethod
     def bundled(cls) -> "MarketTrace":
         text = resources.files("cloud_providers.local").joinpath("data/market.csv").read_text()
         return cls.parse(text, source="bundled market.csv")
+
+
+def _rows(reader: Iterator[list[str]], source: str) -> Iterator[list[str]]:
+    """``reader``'s rows; a CSV error (a field over the csv module's limit, a NUL byte) or a field over
+    ``MAX_FIELD_BYTES`` becomes one :class:`TraceError` line naming the line."""
+    line = 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise TraceError(f"{source}: after line {line}: not a CSV row ({exc})") from None
+        line = getattr(reader, "line_num", line)
+        if any(len(c) > MAX_FIELD_BYTES for c in row):
+            raise TraceError(f"{source}: line {line}: a field is longer than {MAX_FIELD_BYTES} characters")
+        yield row
 
 
 def write_trace(rows: Iterable[Sequence[object]]) -> str:

@@ -16,10 +16,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..durations import parse_duration_s
 from ..errors import ProviderError
+from ..safe_files import MAX_DOCUMENT_BYTES, FileRefused, parse_yaml, read_text_file
 
 
 class ScenarioError(ProviderError, ValueError):
@@ -52,10 +51,10 @@ def _seconds(v: Any, where: str) -> float:
 
 
 def parse_scenario(text: str, *, base_dir: Path, source: str = "scenario") -> Scenario:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"scenario error: {source}: YAML syntax error: {str(exc).splitlines()[0]}") from None
+    try:  # the product's one bounded YAML reader (issue 21, finding 11)
+        data = parse_yaml(text, source=source)
+    except FileRefused as exc:
+        raise ScenarioError(f"scenario error: {exc}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -107,8 +106,8 @@ def parse_scenario(text: str, *, base_dir: Path, source: str = "scenario") -> Sc
 
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"scenario error: {path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    try:  # a regular file of at most MAX_DOCUMENT_BYTES: a FIFO or /dev/zero is refused, never waited on
+        text = read_text_file(p, max_bytes=MAX_DOCUMENT_BYTES, what="")
+    except FileRefused as exc:
+        raise ScenarioError(f"scenario error: {exc}") from None
     return parse_scenario(text, base_dir=p.parent, source=str(path))

@@ -8,10 +8,11 @@ the field. Unknown fields are errors, as in the job spec.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+from ..safe_files import MAX_DOCUMENT_BYTES, FileRefused, parse_json, read_text_file
 
 NOTICE_SOURCE_AWS = "aws-imds"
 NOTICE_SOURCE_GCE = "gce-metadata"
@@ -98,12 +99,12 @@ class AgentConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> AgentConfig:
+        try:  # the bounded reader of every file the product reads (issue 21, finding 11)
+            text = read_text_file(path, max_bytes=MAX_DOCUMENT_BYTES, what="")
+        except FileRefused as exc:
+            raise ValueError(f"--config: cannot read {exc}") from None
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ValueError(f"--config: cannot read {path}: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"--config: {path} is not JSON: {exc}") from None
+            data = parse_json(text, source=str(path))
+        except FileRefused as exc:
+            raise ValueError(f"--config: {exc}") from None
         return cls.from_json(data)

@@ -89,7 +89,7 @@ FIELDS: dict[str, tuple[list[Any], list[Any]]] = {
                            ["0s", "-1h", "h", "1x", "10", 10, 1e308, "9" * 30 + "h", "1e400s", "nan", "inf s",
                             "1h 30m", "1h1h"]),
     "objective.budget_usd": ([None, 50, 0.01, 1], [0, -1, 1e-300, 1e308, "50", "$50"]),
-    "checkpoint.store": ([None, "file:///tmp/ckpt", "s3://bucket/prefix", "gs://b/p", "file:///tmp/ckpt/"],
+    "checkpoint.store": ([None, "file:///tmp/ckpt", "s3://bucket/prefix", "gs://bkt/p", "file:///tmp/ckpt/"],
                          ["s3://", "file://rel", "http://x", "file:///", "s3://b//p", "/tmp/ckpt", ""]),
     "checkpoint.interval": (["10m", "30s", "1h"], ["0s", "-10m", "10"]),
     "checkpoint.keep": ([1, 3], [0, -1]),
