@@ -136,6 +136,9 @@ class Context:
     last_tick_s: float = 0.0
     # job_id -> (gang attempt, controller-clock time its training first moved)
     moving_since: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    # job_id -> (gang attempt, controller-clock seconds per step the gang last reported): with the
+    # steps left, the job's measured remaining time (the re-batch test's payback, goodput.py).
+    step_seconds: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
     # job_id -> instances the last allocation left out, billing on only until the running gang has
     # checkpointed and exited: no longer the job's in the policy's view.
     releasing: dict[str, set[str]] = dataclasses.field(default_factory=dict)
@@ -181,6 +184,6 @@ class Context:
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
         for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
-                  self.moving_since, self.goodput):
+                  self.moving_since, self.step_seconds, self.goodput):
             d.pop(job_id, None)  # type: ignore[attr-defined]
 
