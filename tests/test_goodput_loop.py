@@ -280,8 +280,9 @@ def _batch_events(name: str, reports: list[dict[str, float | int | str]],
         job.gang_attempt = 1
         if directive is not None:
             note_gang_batch(ctx, s, job, directive, 8)
+        job.gang_start_step = 10
         for prog in reports:
-            record_report(ctx, s, job, prog)
+            record_report(ctx, s, job, {"step": 11, **prog})
     return [(kind, reason) for _, kind, _, reason in world.events(job_id) if kind in ("batch", "lr")]
 
 
@@ -311,6 +312,10 @@ def test_batch_and_lr_events_name_their_source() -> None:
                                         "batch_source": "runtime"}], directive=BatchConfig(512, 64, 0))
     got = [(kind, reason.split(":")[0]) for kind, reason in events]
     assert got == [("batch", "source=controller"), ("lr", "source=controller"), ("batch", "source=runtime")], events
+    # The previous gang's last report (at the step this gang started from) is not this gang's change.
+    stale = _batch_events("stale", [{"step": 10, "batch_size": 64, "local_bsz": 8, "accum_steps": 7, "lr_factor": 1.0}],
+                          directive=BatchConfig(512, 64, 0))
+    assert [kind for kind, _ in stale] == ["batch"], stale  # the directive's own event only
     # Every gang the controller starts for an adaptive job carries a directive: the spec's batch
     # laid out on its GPUs until the policy picks another (the runtime then leaves the batch alone).
     assert gang_directive(spec("sources"), None, 3) == BatchConfig(256, 32, 2)

@@ -174,7 +174,10 @@ def record_report(ctx: Context, s: Session, job: Job, prog: Mapping[str, Any]) -
         job.grad_sqr, job.grad_var = sqr, var
     reported = _reported_batch(prog)
     lr = _num(prog.get("lr_factor"), 1e-6, 1e6)
-    if reported is not None and job.gang_attempt:
+    # Only the running gang's own reports: the last report of the gang before it (its step is the
+    # checkpoint this gang started from) may arrive after this gang was told another batch.
+    step = _num(prog.get("step"), 0, 2**62)
+    if reported is not None and job.gang_attempt and step is not None and step > job.gang_start_step:
         current = batch_of(job)
         size = current.batch_size if current is not None else ctx.spec(job).training.global_batch_size
         # The workers say who chose their batch; a runtime that does not say followed a directive
