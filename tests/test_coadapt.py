@@ -32,7 +32,7 @@ def test_the_controller_grows_shrinks_and_sets_the_batch_of_a_live_job(spotrain_
     gangs = [int(m[1]) for kind, why in events if (m := re.search(r"attempt \d+: (\d+) worker\(s\)", why))]
     assert max(gangs) >= 2 and min(gangs) == 1, gangs  # grown past one worker, and shrunk to one
     batches = [why for kind, why in events if kind == "batch"]
-    assert batches and all(why.startswith("source=controller: ") for why in batches), batches
+    assert batches and all(why.endswith("; source=controller") for why in batches), batches
     sizes = [int(m[1]) for why in batches if (m := re.search(r"batch (\d+) ", why))]
     assert len(batches) >= 2 and len(sizes) == len(batches), batches
     # The workers trained at what the controller said: none changed its batch on its own.

@@ -157,7 +157,7 @@ def test_both_train_at_the_batch_the_optimizer_picks(loop: tuple[World, Recordin
             assert summary_dict(job, world.store.instances(s, job_id))["batch_size"] == batch["batch_size"]  # status
             events = [r for _, kind, _, r in world.events(job_id) if kind == "batch"]
             assert events, f"no batch event for {job_id}"
-            assert events[-1].startswith(f"source=controller: batch {batch['batch_size']} ")
+            assert events[-1].startswith(f"batch {batch['batch_size']} ") and events[-1].endswith("; source=controller")
             # What the workers reported is what the last gang was told, row by row in the profile.
             assert any((row["local_bsz"], row["accum_steps"]) == (batch["local_bsz"], batch["accum_steps"])
                        for row in json.loads(job.profile_json))
@@ -296,9 +296,9 @@ def test_batch_and_learning_rate_changes_the_workers_report_are_events() -> None
                                          {**at_1024, "lr_factor": float("inf")},
                                          {"batch_size": 2048, "local_bsz": 256, "accum_steps": 0}])
     assert events == [
-        ("batch", "source=runtime: the workers changed to batch 1024 (128 per GPU), LR x3.10"),
-        ("lr", "source=runtime: learning-rate factor x3.10 -> x3.90 at batch 1024 (none)"),
-        ("batch", "source=runtime: the workers changed to batch 2048 (256 per GPU)"),
+        ("batch", "the workers changed to batch 1024 (128 per GPU), LR x3.10; source=runtime"),
+        ("lr", "learning-rate factor x3.10 -> x3.90 at batch 1024 (none); source=runtime"),
+        ("batch", "the workers changed to batch 2048 (256 per GPU); source=runtime"),
     ], events
 
 
@@ -310,7 +310,7 @@ def test_batch_and_lr_events_name_their_source() -> None:
     events = _batch_events("sources", [{**at_512, "lr_factor": 1.5}, {**at_512, "lr_factor": 1.6},
                                        {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0,
                                         "batch_source": "runtime"}], directive=BatchConfig(512, 64, 0))
-    got = [(kind, reason.split(":")[0]) for kind, reason in events]
+    got = [(kind, reason.rsplit("; ", 1)[-1]) for kind, reason in events]
     assert got == [("batch", "source=controller"), ("lr", "source=controller"), ("batch", "source=runtime")], events
     # The previous gang's last report (at the step this gang started from) is not this gang's change.
     stale = _batch_events("stale", [{"step": 10, "batch_size": 64, "local_bsz": 8, "accum_steps": 7, "lr_factor": 1.0}],

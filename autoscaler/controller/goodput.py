@@ -55,10 +55,14 @@ MAX_FITS_PER_TICK = 2
 BATCH_EVENT = "batch"
 LR_EVENT = "lr"
 # Who chose a batch (DESIGN.md wave 3): ``controller`` (a directive from the policy) or ``runtime``
-# (the runtime's own choice, only when no controller runs the job). ``batch`` and ``lr`` events begin
-# with ``source=<who>: ``.
+# (the runtime's own choice, only when no controller runs the job). ``batch`` and ``lr`` events end
+# with ``; source=<who>`` (at the end, so that readers of the reason's start keep working).
 SOURCE_CONTROLLER = "controller"
 SOURCE_RUNTIME = "runtime"
+
+
+def _by(source: str) -> str:
+    return f"; source={source}"
 # A learning-rate factor the workers report (AdaScale's gain moves with the noise estimates) is an
 # event when it moved by more than this share since the last one noted, or with a batch change.
 LR_TOLERANCE = 0.10
@@ -186,14 +190,13 @@ def record_report(ctx: Context, s: Session, job: Job, prog: Mapping[str, Any]) -
         source = who if who in (SOURCE_CONTROLLER, SOURCE_RUNTIME) else _noted(job, "source") or SOURCE_RUNTIME
         if size != reported.batch_size:
             at_lr = f", LR x{lr:.2f}" if lr is not None else ""
-            ctx.note(s, job, BATCH_EVENT, f"source={source}: the workers changed to {reported.describe()}{at_lr}")
+            ctx.note(s, job, BATCH_EVENT, f"the workers changed to {reported.describe()}{at_lr}{_by(source)}")
             job.batch_json = json.dumps({**reported.to_json(), "source": source,
                                          **({"lr_factor": lr} if lr is not None else {})})
         elif current is not None and lr is not None and _moved(_noted_lr(job), lr, LR_TOLERANCE):
             was = _noted_lr(job)
-            ctx.note(s, job, LR_EVENT, f"source={source}: learning-rate factor "
-                                       f"{f'x{was:.2f} -> ' if was is not None else ''}x{lr:.2f} "
-                                       f"at batch {size} ({ctx.spec(job).training.lr_scaling})")
+            ctx.note(s, job, LR_EVENT, f"learning-rate factor {f'x{was:.2f} -> ' if was is not None else ''}x{lr:.2f} "
+                                       f"at batch {size} ({ctx.spec(job).training.lr_scaling}){_by(source)}")
             job.batch_json = json.dumps({**current.to_json(), "source": source, "lr_factor": lr})
 
 
@@ -252,12 +255,12 @@ def note_gang_batch(ctx: Context, s: Session, job: Job, batch: BatchConfig | Non
         return
     m0 = ctx.spec(job).training.global_batch_size
     if batch is None:
-        ctx.note(s, job, BATCH_EVENT, f"source={SOURCE_CONTROLLER}: back to the spec's batch {m0}")
+        ctx.note(s, job, BATCH_EVENT, f"back to the spec's batch {m0}{_by(SOURCE_CONTROLLER)}")
         job.batch_json = ""
         return
     if before is not None or batch.batch_size != m0:  # the spec's batch at the first gang is no change
         was = f"from {before.batch_size}" if before is not None else f"from the spec's {m0}"
-        ctx.note(s, job, BATCH_EVENT, f"source={SOURCE_CONTROLLER}: {batch.describe(gpus)}, {was}")
+        ctx.note(s, job, BATCH_EVENT, f"{batch.describe(gpus)}, {was}{_by(SOURCE_CONTROLLER)}")
     job.batch_json = json.dumps({**batch.to_json(), "source": SOURCE_CONTROLLER})
 
 
