@@ -199,7 +199,7 @@ class GoodputScaling:
         if self.logical_workers:  # the runtime's split: B examples a step, the busiest GPU's time
             tput = batch.batch_size / float(self.model.step_time(n, workers, batch.local_bsz, batch.accum_steps))
         else:
-            local = batch.batch_size / (workers * (batch.accum_steps + 1))
+            local = batching.local_of(batch.batch_size, workers, batch.accum_steps)
             tput = float(self.model.throughput(n, workers, local, batch.accum_steps))
         g = grad if grad is not None else self.grad
         eff = 1.0 if g is None else float(efficiency(batch.batch_size, self.init_batch_size, g[0], g[1]))

@@ -54,6 +54,7 @@ __all__ = [
     "check_layout",
     "default_cap",
     "gains",
+    "local_of",
     "plan",
     "plan_grid",
     "rebatch_pays",
@@ -122,6 +123,12 @@ def split(batch_size: ArrayLike, world_size: ArrayLike, max_local_bsz: float | N
     if local.ndim == 0:
         return float(local), float(accum)
     return local, accum
+
+
+def local_of(batch_size: float, world_size: float, accum_steps: float) -> float:
+    """Samples per GPU per micro-batch of a total batch on ``world_size`` GPUs with ``accum_steps``
+    (Pollux's ``local_bsz``: ``B / (W * (s + 1))``, fractional where the split is uneven)."""
+    return batch_size / (world_size * (accum_steps + 1))
 
 
 def default_cap(init_batch_size: int, logical_workers: int) -> int:

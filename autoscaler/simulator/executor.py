@@ -315,7 +315,7 @@ def _profiled_rate(w: SimWorkload, g: _Gang, parts: list[tuple[Offering, int]]) 
         local, accum = batching.split(m0, workers)
         batch = BatchConfig(m0, max(1, math.ceil(local)), int(accum))
     else:
-        local = batch.batch_size / (workers * (batch.accum_steps + 1))
+        local = batching.local_of(batch.batch_size, workers, batch.accum_steps)
     g.batch = batch
     speed = min(accelerator_speed(o.accelerator) for o, n in parts if n > 0)
     truth = GoodputScaling(w.profile, init_batch_size=m0, max_batch_size=m0, grad=w.grad_stats)

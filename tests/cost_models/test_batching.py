@@ -123,3 +123,11 @@ def test_the_rebatch_test_is_monotone(seed: int) -> None:
             assert batching.rebatch_pays(old, new * 1.1, remaining_s=left, restart_s=d, rule=rule)
             assert batching.rebatch_pays(old, new, remaining_s=left * 2, restart_s=d, rule=rule)
             assert batching.rebatch_pays(old, new, remaining_s=left, restart_s=d / 2, rule=rule)
+
+
+def test_local_of_is_the_per_gpu_share_of_a_layout() -> None:
+    for batch, world, k, limit in _layouts(3, 100):
+        p = batching.plan(batch, world_size=world, logical_workers=k, max_local_bsz=limit)
+        if k % world == 0 and p.chunks == 1:  # an even split: exactly the plan's micro-batch
+            assert batching.local_of(batch, world, p.accum_steps) == p.local_bsz
+    assert batching.local_of(96, 4, 1) == 12.0
