@@ -341,6 +341,7 @@ def test_the_rebatch_payback_uses_the_measured_remaining_work() -> None:
         job = s.get(Job, job_id)
         assert job is not None
         job.gang_attempt, job.restart_overhead_s = 1, 60.0
+        job.batch_json = json.dumps(BatchConfig(256, 32, 1).to_json())  # the gang trains the spec's batch
         job.step, job.total_steps = 0, 1000
         ctx.step_seconds[job_id] = (1, 0.01)
         assert rebatch_reason(ctx, job, pick, 4, 1) is None  # 10 s left: a 60 s restart cannot pay
