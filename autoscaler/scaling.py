@@ -15,9 +15,9 @@ Every allocation size of one node shape is valued in one vectorized call, then c
 
 A job with ``logical_workers`` K (every spec has them) is valued as the runtime trains it, not as the
 free Pollux optimizer would split it: a total batch B is K micro-batches of B/K (each split into
-chunks within the per-GPU limit), and a GPU of k runs ceil(K/k) of them in turn (``runtime_plan``, the
-same arithmetic as ``runtime.adaptive.plan_batch``; ``tests/test_goodput_loop.py`` checks they agree).
-The candidates are multiples of K between the initial batch and the cap. Valuing a split the runtime
+chunks within the per-GPU limit), and a GPU of k runs ceil(K/k) of them in turn: the layout contract of
+``cost_models.batching`` (``plan_grid``), which the runtime trains by too. The candidates are multiples
+of K between the initial batch and the cap (``batching.candidates``; the cap: ``batching.batch_cap``). Valuing a split the runtime
 cannot train made the controller restart a gang to gain goodput that the gang, restarted, could not
 have: the runtime reported the split it could train, and the next tick asked again.
 """
@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from cloud_providers.safe_files import read_text_file
-from cost_models.goodput import GoodputFunction, ThroughputModel
+from cost_models import batching
+from cost_models.goodput import GoodputFunction, ThroughputModel, efficiency
 from cost_models.scaling import MAX_PROFILE_BYTES, AmdahlScaling, LinearScaling, ProfileScaling, Scaling, parse_profile_csv
 
 from .errors import SpecError
@@ -96,34 +97,13 @@ class BatchConfig:
 
 
 def batch_limits(spec: JobSpec) -> tuple[int, int, int | None]:
-    """(initial batch M0, the adaptive cap, the per-GPU limit) from the spec. Without
-    ``training.max_batch_size`` the cap is M0 x ``workers.max`` (the per-GPU batch of one GPU at M0,
-    kept on every GPU); the per-GPU limit is ``training.max_local_batch_size`` when the spec has it."""
+    """(initial batch M0, the adaptive cap, the per-GPU limit) from the spec: the cap is
+    ``batching.batch_cap`` (``training.max_batch_size``, else M0 x ``logical_workers``, the one default
+    the runtime shares); the per-GPU limit is ``training.max_local_batch_size`` when the spec has it."""
     t = spec.training
-    m0 = t.global_batch_size
-    cap = t.max_batch_size if t.max_batch_size is not None else m0 * max(1, spec.workers.max)
+    cap = batching.batch_cap(t.global_batch_size, t.logical_workers, t.max_batch_size)
     local = getattr(t, "max_local_batch_size", None)
-    return m0, max(cap, m0), int(local) if local else None
-
-
-def runtime_plan(batch_size: np.ndarray, replicas: np.ndarray, logical_workers: int,
-                 max_local_bsz: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """(per-GPU micro-batch, accumulation steps) the runtime trains total batch ``batch_size`` (a
-    multiple of ``logical_workers``) with on ``replicas`` GPUs; arrays broadcast (module doc)."""
-    micro = np.asarray(batch_size, dtype=np.float64) / logical_workers
-    chunks = np.ceil(micro / max_local_bsz - 1e-9) if max_local_bsz else np.ones_like(micro)
-    local = np.ceil(micro / chunks - 1e-9)
-    per_gpu = np.ceil(logical_workers / np.asarray(replicas, dtype=np.float64) - 1e-9)
-    accum = per_gpu * chunks - 1
-    return np.broadcast_to(local, accum.shape), accum
-
-
-def batch_candidates(init_batch_size: int, max_batch_size: int, logical_workers: int, count: int = 40) -> np.ndarray:
-    """Multiples of ``logical_workers`` from the initial batch to the cap, spaced geometrically."""
-    k = logical_workers
-    hi = max(init_batch_size, (max_batch_size // k) * k)
-    grid = np.round(np.geomspace(init_batch_size, hi, count) / k) * k
-    return np.unique(np.clip(np.concatenate([[init_batch_size, hi], grid]), init_batch_size, hi))
+    return t.global_batch_size, cap, int(local) if local else None
 
 
 class GoodputScaling:
@@ -158,11 +138,9 @@ class GoodputScaling:
         """Throughput (examples/s) at the initial batch split over ``k`` GPUs: (goodput, local, accum)."""
         m0 = float(self.init_batch_size)
         if self.logical_workers:
-            local, accum = runtime_plan(np.full_like(k, m0), k, self.logical_workers, self.max_local_bsz)
+            _, local, accum = batching.plan_grid(np.full_like(k, m0), k, self.logical_workers, self.max_local_bsz)
             return m0 / np.asarray(self.model.step_time(n, k, local, accum), dtype=np.float64), local, accum
-        hi = float(self.max_local_bsz) if self.max_local_bsz else math.inf
-        accum = np.maximum(np.ceil(m0 / (k * hi) - 1e-9) - 1, 0) if math.isfinite(hi) else np.zeros_like(k)
-        local = m0 / (k * (accum + 1))
+        local, accum = batching.split(np.full_like(k, m0), k, self.max_local_bsz)
         return np.asarray(self.model.throughput(n, k, local, accum), dtype=np.float64), local, accum
 
     def _table(self, per_node: int, upto: int) -> tuple[np.ndarray, list[BatchConfig | None]]:
@@ -191,8 +169,8 @@ class GoodputScaling:
     def _runtime_best(self, n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, list[BatchConfig | None]]:
         """The best goodput of each allocation over the batches the runtime can train (module doc)."""
         assert self.fn is not None and self.logical_workers
-        b = batch_candidates(self.init_batch_size, self.max_batch_size, self.logical_workers)[:, None]
-        local, accum = runtime_plan(b, k[None, :], self.logical_workers, self.max_local_bsz)
+        b = batching.candidates(self.init_batch_size, self.max_batch_size, self.logical_workers)[:, None]
+        _, local, accum = batching.plan_grid(b, k[None, :], self.logical_workers, self.max_local_bsz)
         step_s = np.asarray(self.model.step_time(n[None, :], k[None, :], local, accum), dtype=np.float64)
         good = b / step_s * np.asarray(self.fn.efficiency(b), dtype=np.float64)
         good = np.where(np.isfinite(good) & (good > 0), good, 0.0)
@@ -222,11 +200,8 @@ class GoodputScaling:
         if self.logical_workers:  # the runtime's split: B examples a step, the busiest GPU's time
             tput = batch.batch_size / float(self.model.step_time(n, workers, batch.local_bsz, batch.accum_steps))
         else:
-            local = batch.batch_size / (workers * (batch.accum_steps + 1))
+            local = batching.local_of(batch.batch_size, workers, batch.accum_steps)
             tput = float(self.model.throughput(n, workers, local, batch.accum_steps))
         g = grad if grad is not None else self.grad
-        eff = 1.0
-        if g is not None and g[0] > 0:
-            phi = g[1] / g[0] * self.init_batch_size
-            eff = (phi + self.init_batch_size) / (phi + batch.batch_size)
+        eff = 1.0 if g is None else float(efficiency(batch.batch_size, self.init_batch_size, g[0], g[1]))
         return tput * eff / self._base

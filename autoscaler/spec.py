@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from cloud_providers import catalog, safe_files
 from cloud_providers.durations import format_duration_s, parse_duration_s
 from cloud_providers.safe_files import REFUSED_CONTEXT, FileRefused, load_yaml_raw, read_regular_file, yaml_problem
+from cost_models import batching
 from cost_models.store_uri import parse_store_uri
 
 from .errors import SpecError
@@ -137,15 +138,9 @@ class Training(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Training":
-        if self.global_batch_size % self.logical_workers:
-            raise ValueError(
-                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"logical_workers ({self.logical_workers})"
-            )
-        if self.max_batch_size is not None and self.max_batch_size < self.global_batch_size:
-            raise ValueError(
-                f"max_batch_size ({self.max_batch_size}) is below global_batch_size ({self.global_batch_size})"
-            )
+        problem = batching.check_layout(self.global_batch_size, self.logical_workers, self.max_batch_size)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

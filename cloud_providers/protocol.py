@@ -17,7 +17,9 @@ Environment given to every worker process (torchrun-compatible, so the runtime a
     SPOTRAIN_NOTICE_FILE           a file whose appearance is a notice (JSON body, see below)
     SPOTRAIN_PROGRESS_FILE         rank 0 atomically rewrites this JSON file with its progress
     SPOTRAIN_BATCH_JSON            optional: the batch configuration the controller chose for this gang,
-                                   {"batch_size", "local_bsz", "accum_steps"} (absent: the spec's batch)
+                                   {"batch_size", "local_bsz", "accum_steps"}; every gang of a
+                                   batch_policy: adaptive job gets one (the runtime then never changes
+                                   the batch on its own); absent: the spec's batch
     SPOTRAIN_CHECKPOINT_KEY        optional: the job's checkpoint key (64 hex digits), issued by the
                                    controller (issue 21, finding 9): the runtime signs every manifest
                                    with HMAC-SHA256 under it and refuses, as corrupt, a checkpoint whose
@@ -34,7 +36,8 @@ grad_sqr, grad_var, stall_s, updated_unix_s, completed (true once the final weig
 the planned work is done: with ``final_model``, the record the controller needs to call a job
 SUCCEEDED; workers that exit 0 without it fail the job as a user error), stopped_at_notice (true once
 the workers checkpointed at a stop notice: they must now exit EXIT_RESCHEDULE); and (issue 11)
-batch_size, local_bsz, accum_steps (the batch configuration training at now) and profile: a list with
+batch_size, local_bsz, accum_steps (the batch configuration training at now), batch_source (issue 20:
+"controller" when the gang follows SPOTRAIN_BATCH_JSON, "runtime" when it chose on its own) and profile: a list with
 one object per configuration trained at, {nodes, replicas, local_bsz, accum_steps, step_time_s
 (seconds per optimizer step), sync_time_s (optional: the wait for gradient synchronisation after the
 backward pass)}, which the controller fits its goodput model to. grad_sqr and grad_var are measured

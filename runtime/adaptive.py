@@ -7,24 +7,21 @@ profile keeps their means, is checkpointed (JSON inside the trainer's state and 
 never pickle) and is what rank 0 reports (``profile`` in the progress file, worker protocol). The
 first step of a gang and the first after a batch change are not measured (lazy allocation, caches).
 
-**Batch plan.** The runtime has ``K`` fixed logical workers; rank ``r`` runs a contiguous share of
-them one after the other, each on its micro-batch of ``B / K`` samples. In Pollux's terms a
-configuration of ``W`` GPUs therefore trains with ``ceil(K / W) * chunks`` micro-batches per GPU per
-step (``accum_steps`` = that minus one) of ``local_bsz = ceil(B / (K * chunks))`` samples, where
-``chunks`` splits a logical worker's micro-batch when it is over the per-GPU limit
-(``training.max_local_batch_size``): gradients of the chunks accumulate, weighted by their share, so
-the logical worker still contributes the mean gradient over its samples (the arithmetic does not
-depend on ``W``: bitwise mode stays bitwise for a given batch).
+**Batch plan.** The layout contract (``K`` logical workers, their micro-batches of ``B / K``, chunks
+within the per-GPU limit, ``ceil(K / W)`` of them per GPU in turn, the cap, the rounding) is
+``cost_models.batching``'s, shared with the controller: what the policy values is what the runtime
+trains.
 
-**Choice** (``batch_policy: adaptive``, at every start of a gang, i.e. every change of instances): the
-controller's directive ``SPOTRAIN_BATCH_JSON`` when there is one (the allocation it chose came with
-its batch), rounded to a multiple of ``K`` within ``[M0, max_batch_size]`` (and no more than the
-dataset holds); otherwise the goodput optimizer on the throughput model fitted to the runtime's own
-profile and its gradient statistics (:func:`choose_batch`; nothing before both exist: the batch
-stays). A gang without a directive (``python train.py``, ``torchrun``) also re-optimizes every
-``rebatch_every_steps`` steps and changes its batch at that boundary when the predicted goodput
-improves by more than 5 %; a gang with one keeps it (the controller re-batches by restarting, so a
-schedule of allocations and their batches fixes the run).
+**Choice** (``batch_policy: adaptive``, at every start of a gang, i.e. every change of instances). When
+a controller runs the job it gives every adaptive gang a directive, ``SPOTRAIN_BATCH_JSON`` (the
+batch its allocation was valued at; the spec's batch until the policy has a model), and the **policy
+is the only decider**: the runtime trains at the directive (rounded to a multiple of ``K`` within
+``[M0, cap]``) and never changes it on its own; the controller re-batches by restarting the gang.
+Without a controller (``python train.py``, ``torchrun``: no directive) the runtime chooses: the goodput
+optimizer on the throughput model fitted to its own profile and gradient statistics
+(:func:`choose_batch`; nothing before both exist: the batch stays), re-optimized every
+``rebatch_every_steps`` steps, changing at that boundary when the predicted goodput improves by more
+than 5 %; it says so when it starts, and its progress reports carry ``batch_source: runtime``.
 
 **Scale-invariant progress** (AdaScale, Johnson et al. ICML'20; Pollux section 3): a step at batch
 ``B = S * M0`` is worth ``r = (var + sqr) / (var / S + sqr)`` iterations at ``M0`` (the AdaScale gain,
@@ -42,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from cost_models import batching
+
 if TYPE_CHECKING:
     from cost_models.goodput import ThroughputModel
 
@@ -50,36 +49,11 @@ MAX_PROFILE_ROWS = 64
 _Key = tuple[int, int, int, int]  # nodes, replicas, local_bsz, accum_steps
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    """How a global batch runs on ``world_size`` GPUs (module docstring)."""
-
-    batch_size: int  # samples per optimizer step
-    chunks: int  # micro-steps per logical worker (1: its whole micro-batch at once)
-    local_bsz: int  # samples per GPU per micro-batch (the largest chunk)
-    accum_steps: int  # extra micro-batches per step on the busiest GPU
-
-    def to_json(self) -> dict[str, int]:
-        return {"batch_size": self.batch_size, "local_bsz": self.local_bsz, "accum_steps": self.accum_steps}
-
-
-def plan_batch(batch_size: int, *, world_size: int, logical_workers: int,
-               max_local_bsz: int | None = None) -> BatchPlan:
-    if batch_size < 1 or batch_size % logical_workers:
-        raise ValueError(f"batch size {batch_size} is not a positive multiple of logical_workers ({logical_workers})")
-    micro = batch_size // logical_workers
-    chunks = -(-micro // max_local_bsz) if max_local_bsz else 1
-    local = -(-micro // chunks)
-    per_gpu = -(-logical_workers // world_size)
-    return BatchPlan(batch_size=batch_size, chunks=chunks, local_bsz=local, accum_steps=per_gpu * chunks - 1)
-
-
-def round_batch(target: float, *, logical_workers: int, init_batch_size: int, max_batch_size: int) -> int:
-    """``target`` as a multiple of ``K`` within ``[M0, max_batch_size]`` (M0 is a multiple of K)."""
-    k = logical_workers
-    hi = max(init_batch_size, (max_batch_size // k) * k)
-    b = int(math.floor(target / k + 0.5)) * k
-    return min(max(b, init_batch_size), hi)
+# The layout contract lives in ``cost_models.batching`` (issue 20): one home for the controller and
+# the runtime. The names the trainer and its tests know are kept.
+BatchPlan = batching.Layout
+plan_batch = batching.plan
+round_batch = batching.round_batch
 
 
 def parse_batch_json(text: str | None) -> int | None:
@@ -152,7 +126,8 @@ class Profile:
 
 def choose_batch(profile: Profile, *, grad_sqr: float | None, grad_var: float | None, nodes: int, replicas: int,
                  logical_workers: int, init_batch_size: int, max_batch_size: int, max_local_bsz: int | None,
-                 current: int | None = None, min_gain: float = 0.0, candidates: int = 48) -> int | None:
+                 current: int | None = None, min_gain: float = 0.0,
+                 candidates: int = batching.DEFAULT_CANDIDATES) -> int | None:
     """The total batch of the highest goodput on ``(nodes, replicas)``, from the runtime's own profile
     and statistics, among the batches this runtime can train with (multiples of ``K`` within
     ``[M0, max_batch_size]``, each valued at its own plan: the busiest GPU's micro-batches and chunks);
@@ -167,26 +142,24 @@ def choose_batch(profile: Profile, *, grad_sqr: float | None, grad_var: float | 
     from cost_models.goodput import GoodputFunction
 
     k, m0 = logical_workers, init_batch_size
-    cap = max(m0, (max_batch_size // k) * k)
+    cap = batching.batch_cap(m0, k, max_batch_size)
     try:
         fn = GoodputFunction(model, grad_sqr=grad_sqr, grad_var=grad_var, init_batch_size=m0)
         pick = fn.optimize(nodes, replicas, max_batch_size=cap, max_local_bsz=max_local_bsz).batch_size
     except ValueError:
         return None
-    grid = m0 * np.exp(np.linspace(0.0, np.log(cap / m0), candidates)) if cap > m0 else np.array([float(m0)])
-    sizes = sorted({round_batch(b, logical_workers=k, init_batch_size=m0, max_batch_size=cap)
-                    for b in [*grid, float(pick), *([current] if current else [])]})
-    plans = [plan_batch(b, world_size=replicas, logical_workers=k, max_local_bsz=max_local_bsz) for b in sizes]
-    batch = np.array(sizes, dtype=np.float64)
-    step_s = np.asarray(model.step_time(nodes, replicas, [p.local_bsz for p in plans], [p.accum_steps for p in plans]),
-                        dtype=np.float64)
+    batch = batching.candidates(m0, cap, k, count=candidates, extra=[float(pick), *([current] if current else [])])
+    sizes = [int(b) for b in batch]
+    _, local, accum = batching.plan_grid(batch, replicas, k, max_local_bsz)
+    step_s = np.asarray(model.step_time(nodes, replicas, local, accum), dtype=np.float64)
     good = np.where(step_s > 0, batch / step_s * np.asarray(fn.efficiency(batch), dtype=np.float64), 0.0)
     if not np.all(np.isfinite(good)) or good.max() <= 0:
         return None
     best = int(np.argmax(good))
     if current is not None:
-        here = good[sizes.index(current)] if current in sizes else 0.0
-        if sizes[best] == current or good[best] <= (1.0 + min_gain) * here:
+        here = float(good[sizes.index(current)]) if current in sizes else 0.0
+        rule = batching.RebatchRule(min_gain=min_gain)
+        if sizes[best] == current or (here > 0 and not batching.gains(here, float(good[best]), rule)):
             return None
     return sizes[best]
 

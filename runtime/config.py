@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
+from cost_models import batching
+
 from . import protocol
 
 log = logging.getLogger(__name__)
@@ -62,19 +64,14 @@ class TrainingConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"training.{name}: must be a positive integer, got {value!r}")
-        if self.global_batch_size % self.logical_workers:
-            raise ValueError(
-                f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"training.logical_workers ({self.logical_workers})"
-            )
+        if (problem := batching.check_layout(self.global_batch_size, self.logical_workers)) is not None:
+            raise ValueError(f"training.{problem}")
         _check_choice("training.batch_policy", self.batch_policy, ("fixed", "adaptive"))
         _check_choice("training.lr_scaling", self.lr_scaling, ("adascale", "sqrt", "linear", "none"))
         _check_choice("training.determinism", self.determinism, ("bitwise", "fast"))
-        if self.max_batch_size is not None and self.max_batch_size < self.global_batch_size:
-            raise ValueError(
-                f"training.max_batch_size ({self.max_batch_size}) is below global_batch_size "
-                f"({self.global_batch_size})"
-            )
+        if self.max_batch_size is not None and (
+                problem := batching.check_layout(self.global_batch_size, self.logical_workers, self.max_batch_size)):
+            raise ValueError(f"training.{problem}")
         if self.max_local_batch_size is not None and (
                 not isinstance(self.max_local_batch_size, int) or isinstance(self.max_local_batch_size, bool)
                 or self.max_local_batch_size < 1):

@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 import torch
 
+from cost_models import batching
+
 from . import protocol
 from .adaptive import (
     BatchPlan,
@@ -54,7 +56,12 @@ from .stats import ConsecutiveSteps, GradientNoiseStats, estimate
 from .store import make_store
 from .timeline import Timeline, process_start_unix_s
 
-REBATCH_GAIN = 0.05  # a running gang changes its own batch only for more than this share of goodput
+# A gang without a controller changes its own batch only for more than this share of goodput (the
+# policy's default threshold: one rule, ``cost_models.batching``).
+REBATCH_GAIN = batching.DEFAULT_REBATCH.min_gain
+# Who chose the batch a gang trains at (the ``source`` of ``batch`` and ``lr`` events, DESIGN.md wave 3).
+SOURCE_CONTROLLER = "controller"
+SOURCE_RUNTIME = "runtime"
 
 
 class Stateful(Protocol):
@@ -288,9 +295,16 @@ class ElasticTrainer:
 
     @property
     def max_batch_size(self) -> int:
-        """The adaptive cap: ``training.max_batch_size`` (else M0 x logical workers), within the dataset."""
-        m0 = self.batch.init_batch_size
-        return min(self.training.max_batch_size or m0 * self.training.logical_workers, self.order.num_samples)
+        """The adaptive cap (``cost_models.batching.batch_cap``): ``training.max_batch_size``, else M0 x
+        logical workers, within the dataset."""
+        return batching.batch_cap(self.batch.init_batch_size, self.training.logical_workers,
+                                  self.training.max_batch_size, self.order.num_samples)
+
+    @property
+    def batch_source(self) -> str:
+        """``controller`` when a controller runs the gang (its directive ``SPOTRAIN_BATCH_JSON`` is
+        present: the policy is then the only decider of the batch), else ``runtime``."""
+        return SOURCE_CONTROLLER if self.config.batch_json is not None else SOURCE_RUNTIME
 
     def _optimized_batch(self, *, current: int | None = None) -> int | None:
         return choose_batch(self.profile, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
@@ -311,8 +325,15 @@ class ElasticTrainer:
             chosen = self.ctx.broadcast_(chosen.to(self.ctx.device)).cpu()
         if int(chosen[0]) != self.batch.global_batch_size:
             self._say(f"batch {self.batch.global_batch_size} -> {int(chosen[0])} on {self.ctx.world_size} "
-                      f"worker(s) at step {self.position.step}, from {source}")
+                      f"worker(s) at step {self.position.step}, from {source} (source={self.batch_source})")
+            self.timeline.mark("batch", step=self.position.step, batch_size=int(chosen[0]),
+                               was=self.batch.global_batch_size, source=self.batch_source)
             self.batch.global_batch_size = int(chosen[0])
+            if not self.order.has_batch(self.position, self.batch.global_batch_size):
+                # What is left of this epoch holds no batch of the new size: the next epoch starts
+                # now, as ``DataOrder.advance`` does when a step leaves less than a batch.
+                self.position.epoch += 1
+                self.position.samples_in_epoch = 0
         self.plan = self._plan(self.batch.global_batch_size)
         self._measure_after = self.position.step + 1
 
@@ -323,17 +344,22 @@ class ElasticTrainer:
             self.plan = self._plan(self.batch.global_batch_size)
             self._measure_after = self.position.step + 1  # the gang's first step is not measured
             return
-        directive = parse_batch_json(self.config.batch_json)
-        if directive is not None:
-            self._set_batch(lambda: round_batch(directive, logical_workers=self.training.logical_workers,
-                                                init_batch_size=self.batch.init_batch_size,
-                                                max_batch_size=self.max_batch_size), "the controller's directive")
+        if self.config.batch_json is not None:
+            directive = parse_batch_json(self.config.batch_json)
+            # A malformed directive keeps the batch as it was: the controller still decides.
+            self._set_batch(lambda: None if directive is None else round_batch(
+                directive, logical_workers=self.training.logical_workers, init_batch_size=self.batch.init_batch_size,
+                max_batch_size=self.max_batch_size), "the controller's directive")
         else:
+            if self.config.rebatch_every_steps:
+                self._say(f"no controller runs this job: the runtime chooses its own batch (the goodput optimizer, "
+                          f"re-optimized every {self.config.rebatch_every_steps} steps; source={SOURCE_RUNTIME})")
             self._set_batch(self._optimized_batch, "the goodput optimizer")
 
     def _maybe_rebatch(self) -> None:
-        """A gang without a directive re-optimizes every ``rebatch_every_steps`` (more than 5 %
-        predicted goodput, as Pollux); with one, the controller decides (it restarts the gang)."""
+        """Only without a controller (no directive: ``python train.py``, ``torchrun``) the runtime
+        re-optimizes every ``rebatch_every_steps`` (more than 5 % predicted goodput, as Pollux). With a
+        directive the policy is the only decider: it changes the batch by restarting the gang."""
         every = self.config.rebatch_every_steps
         if (not self.adaptive or not every or self.config.batch_json is not None
                 or self.position.step % every or self.done):
@@ -486,7 +512,7 @@ class ElasticTrainer:
             last_checkpoint_step=self.checkpoints.last_durable_step, stall_s=self.stall_s_total,
             last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
             progress_iterations=self.iterations.iterations, lr_factor=self.lr_factor(),
-            profile=self.profile.rows(), **self.plan.to_json(),
+            profile=self.profile.rows(), batch_source=self.batch_source, **self.plan.to_json(),
         )
         return StepResult(step=self.position.step, total_steps=self.total_steps, epoch=epoch,
                           epoch_end=epoch_end, loss=result.loss, step_time_s=dt, batch_size=B)

@@ -18,9 +18,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoscaler.controller.goodput import MAX_FITS_PER_TICK, merge_profile, record_report, scaling_for
+from autoscaler.controller.goodput import (
+    MAX_FITS_PER_TICK,
+    gang_directive,
+    merge_profile,
+    note_gang_batch,
+    record_report,
+    scaling_for,
+)
 from autoscaler.policy import Allocation, PolicyInput, get_policy
-from autoscaler.scaling import BatchConfig, GoodputScaling, measured_scaling
+from autoscaler.scaling import BatchConfig, GoodputScaling, batch_limits, measured_scaling
 from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
 from autoscaler.spec import JobSpec, spec_from_dict
@@ -150,7 +157,7 @@ def test_both_train_at_the_batch_the_optimizer_picks(loop: tuple[World, Recordin
             assert summary_dict(job, world.store.instances(s, job_id))["batch_size"] == batch["batch_size"]  # status
             events = [r for _, kind, _, r in world.events(job_id) if kind == "batch"]
             assert events, f"no batch event for {job_id}"
-            assert events[-1].startswith(f"batch {batch['batch_size']} ")
+            assert events[-1].startswith(f"batch {batch['batch_size']} ") and events[-1].endswith("; source=controller")
             # What the workers reported is what the last gang was told, row by row in the profile.
             assert any((row["local_bsz"], row["accum_steps"]) == (batch["local_bsz"], batch["accum_steps"])
                        for row in json.loads(job.profile_json))
@@ -226,20 +233,19 @@ def test_malformed_reports_are_ignored_field_by_field() -> None:
         assert isinstance(scaling_for(ctx, job, ctx.spec(job)), GoodputScaling)
 
 
-def test_the_controller_splits_a_batch_as_the_runtime_does() -> None:
-    """``autoscaler.scaling.runtime_plan`` is ``runtime.adaptive.plan_batch``'s arithmetic."""
-    import numpy as np
+def test_the_controller_and_the_runtime_share_one_layout_module() -> None:
+    """The controller values a gang at the split the runtime trains: both take it from
+    ``cost_models.batching`` (issue 20: before, each kept its own copy, with different default caps)."""
+    from cost_models import batching
+    from runtime import adaptive
 
-    from autoscaler.scaling import runtime_plan
-    from runtime.adaptive import plan_batch
-
-    for logical in (1, 3, 4, 8):
-        for limit in (None, 2, 5, 64):
-            for b in range(logical, 40 * logical, logical):
-                for k in range(1, logical + 1):
-                    want = plan_batch(b, world_size=k, logical_workers=logical, max_local_bsz=limit)
-                    local, accum = runtime_plan(np.array([float(b)]), np.array([float(k)]), logical, limit)
-                    assert (int(local[0]), int(accum[0])) == (want.local_bsz, want.accum_steps), (logical, limit, b, k)
+    assert adaptive.plan_batch is batching.plan and adaptive.round_batch is batching.round_batch
+    raw = spec("layout").model_dump(mode="json", by_alias=True)
+    raw["training"]["max_batch_size"] = None
+    # One default cap, M0 x logical workers (the runtime cannot see workers.max): before, the
+    # controller's was M0 x workers.max.
+    raw["workers"] = {"min": 1, "max": 2}
+    assert batch_limits(spec_from_dict(raw))[1] == batching.default_cap(256, 8) == 2048
 
 
 @pytest.mark.parametrize("batch_policy", ["adaptive", "fixed"])
@@ -262,25 +268,85 @@ def test_a_gang_at_the_picked_batch_is_not_rebatched_to_it(batch_policy: str) ->
         assert s.speedup_at(k, 1, reported) == pytest.approx(s.speedup(k), rel=1e-9)
 
 
-def test_batch_and_learning_rate_changes_the_workers_report_are_events() -> None:
-    """A batch the gang moved to on its own is a ``batch`` event with its LR factor; a later move of
-    the factor alone (AdaScale's gain follows the noise estimates) is an ``lr`` event past 10 %."""
+def _batch_events(name: str, reports: list[dict[str, float | int | str]],
+                  directive: BatchConfig | None = None) -> list[tuple[str, str]]:
+    """The ``batch`` and ``lr`` events of a job whose gang (told ``directive``, if any) reports ``reports``."""
     world = world_with(Recording())
     ctx = world.controller.ctx
-    job_id = world.submit(spec("lr-events"), workload(None, None))
+    job_id = world.submit(spec(name), workload(None, None))
     with world.store.session() as s:
         job = s.get(Job, job_id)
         assert job is not None
         job.gang_attempt = 1
-        for prog in ({"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": 3.1},
-                     {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": 3.3},   # +6 %: quiet
-                     {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": 3.9},   # +26 %: an event
-                     {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0, "lr_factor": float("inf")},
-                     {"batch_size": 2048, "local_bsz": 256, "accum_steps": 0}):
-            record_report(ctx, s, job, prog)
-    events = [(kind, reason) for _, kind, _, reason in world.events(job_id) if kind in ("batch", "lr")]
+        if directive is not None:
+            note_gang_batch(ctx, s, job, directive, 8)
+        job.gang_start_step = 10
+        for prog in reports:
+            record_report(ctx, s, job, {"step": 11, **prog})
+    return [(kind, reason) for _, kind, _, reason in world.events(job_id) if kind in ("batch", "lr")]
+
+
+def test_batch_and_learning_rate_changes_the_workers_report_are_events() -> None:
+    """A batch the gang moved to on its own is a ``batch`` event with its LR factor; a later move of
+    the factor alone (AdaScale's gain follows the noise estimates) is an ``lr`` event past 10 %."""
+    at_1024 = {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0}
+    events = _batch_events("lr-events", [{**at_1024, "lr_factor": 3.1},
+                                         {**at_1024, "lr_factor": 3.3},   # +6 %: quiet
+                                         {**at_1024, "lr_factor": 3.9},   # +26 %: an event
+                                         {**at_1024, "lr_factor": float("inf")},
+                                         {"batch_size": 2048, "local_bsz": 256, "accum_steps": 0}])
     assert events == [
-        ("batch", "the workers changed to batch 1024 (128 per GPU), LR x3.10"),
-        ("lr", "learning-rate factor x3.10 -> x3.90 at batch 1024 (none)"),
-        ("batch", "the workers changed to batch 2048 (256 per GPU)"),
+        ("batch", "the workers changed to batch 1024 (128 per GPU), LR x3.10; source=runtime"),
+        ("lr", "learning-rate factor x3.10 -> x3.90 at batch 1024 (none); source=runtime"),
+        ("batch", "the workers changed to batch 2048 (256 per GPU); source=runtime"),
     ], events
+
+
+def test_batch_and_lr_events_name_their_source() -> None:
+    """DESIGN.md wave 3: ``batch`` and ``lr`` events say who chose the batch. A gang the controller
+    started has its directive (source controller); a report naming its source is believed; the
+    LR factor that follows a directive's batch is the controller's too."""
+    at_512 = {"batch_size": 512, "local_bsz": 64, "accum_steps": 0}
+    events = _batch_events("sources", [{**at_512, "lr_factor": 1.5}, {**at_512, "lr_factor": 1.6},
+                                       {"batch_size": 1024, "local_bsz": 128, "accum_steps": 0,
+                                        "batch_source": "runtime"}], directive=BatchConfig(512, 64, 0))
+    got = [(kind, reason.rsplit("; ", 1)[-1]) for kind, reason in events]
+    assert got == [("batch", "source=controller"), ("lr", "source=controller"), ("batch", "source=runtime")], events
+    # The previous gang's last report (at the step this gang started from) is not this gang's change.
+    stale = _batch_events("stale", [{"step": 10, "batch_size": 64, "local_bsz": 8, "accum_steps": 7, "lr_factor": 1.0}],
+                          directive=BatchConfig(512, 64, 0))
+    assert [kind for kind, _ in stale] == ["batch"], stale  # the directive's own event only
+    # Every gang the controller starts for an adaptive job carries a directive: the spec's batch
+    # laid out on its GPUs until the policy picks another (the runtime then leaves the batch alone).
+    assert gang_directive(spec("sources"), None, 3) == BatchConfig(256, 32, 2)
+    assert gang_directive(spec("fixed", batch_policy="fixed"), None, 3) is None
+
+
+def test_the_rebatch_payback_uses_the_measured_remaining_work() -> None:
+    """Issue 20: the time a re-batch saves is counted over the job's measured remaining work (steps
+    left at the reported seconds per step), not the spec's ``simulate.work_gpu_hours``. The spec says
+    40 GPU-hours (a restart for 10 % more goodput would pay many times over) while the workers report
+    1,000 steps left at 0.01 s each (10 s: not one restart's worth); at 20 s a step it pays."""
+    from autoscaler.controller.goodput import JobFit, rebatch_reason
+
+    world = world_with(Recording())
+    ctx = world.controller.ctx
+    job_id = world.submit(spec("payback"), workload(None, None))
+    scaling = GoodputScaling(GOOD, init_batch_size=256, max_batch_size=4096, grad=(1.0, 200.0), adaptive=True,
+                             logical_workers=8)
+    ctx.goodput.jobs[job_id] = JobFit(("", None, None), "", 0, 0.0, GOOD, scaling)
+    pick = scaling.batch(4)
+    assert pick is not None and scaling.speedup(4) > 1.05 * scaling.speedup_at(4, 1, BatchConfig(256, 32, 1))
+    with world.store.session() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        job.gang_attempt, job.restart_overhead_s = 1, 60.0
+        job.batch_json = json.dumps(BatchConfig(256, 32, 1).to_json())  # the gang trains the spec's batch
+        job.step, job.total_steps = 0, 1000
+        ctx.step_seconds[job_id] = (1, 0.01)
+        assert rebatch_reason(ctx, job, pick, 4, 1) is None  # 10 s left: a 60 s restart cannot pay
+        ctx.step_seconds[job_id] = (1, 20.0)  # 20,000 s left: it pays
+        why = rebatch_reason(ctx, job, pick, 4, 1)
+        assert why is not None and "20000 s of measured remaining work" in why
+        ctx.step_seconds[job_id] = (0, 20.0)  # another gang's speed is not this one's
+        assert rebatch_reason(ctx, job, pick, 4, 1) is None

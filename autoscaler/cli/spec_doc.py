@@ -45,7 +45,8 @@ DESCRIPTIONS: dict[str, str] = {
     "training.global_batch_size": "Samples per optimizer step, a multiple of `logical_workers`.",
     "training.batch_policy": "`fixed` (accuracy-consistent) or `adaptive` (Pollux goodput).",
     "training.lr_scaling": "Learning-rate rule when the batch size changes: `adascale`, `sqrt`, `linear`, `none`.",
-    "training.max_batch_size": "Largest global batch `adaptive` may use (at least `global_batch_size`).",
+    "training.max_batch_size": ("Largest global batch `adaptive` may use (at least `global_batch_size`); default "
+                                "`global_batch_size` x `logical_workers`, for the controller and the runtime alike."),
     "training.max_local_batch_size": "Most samples one GPU processes at once (its memory limit); optional. "
                                       "`adaptive` picks per-GPU batches within it, and a larger per-GPU share "
                                       "is split into accumulated chunks.",

@@ -139,6 +139,9 @@ class Context:
     last_tick_s: float = 0.0
     # job_id -> (gang attempt, controller-clock time its training first moved)
     moving_since: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    # job_id -> (gang attempt, controller-clock seconds per step the gang last reported): with the
+    # steps left, the job's measured remaining time (the re-batch test's payback, goodput.py).
+    step_seconds: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
     # job_id -> instances the last allocation left out, billing on only until the running gang has
     # checkpointed and exited: no longer the job's in the policy's view.
     releasing: dict[str, set[str]] = dataclasses.field(default_factory=dict)
@@ -205,7 +208,7 @@ class Context:
     def forget(self, job_id: str) -> None:
         """Drop what is held in memory for an ended job."""
         for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
-                  self.moving_since, self.goodput, self.start_failures.failures):
+                  self.moving_since, self.step_seconds, self.goodput, self.start_failures.failures):
             d.pop(job_id, None)  # type: ignore[attr-defined]
         self.exits_unconfirmed.discard(job_id)
 

@@ -27,7 +27,7 @@ from ..state import InstanceRow, Job
 from ..state.models import ProgressSample
 from . import outcomes, start_failures
 from .context import Context
-from .goodput import note_gang_batch, record_report
+from .goodput import gang_directive, note_gang_batch, record_report
 from .launches import end_job
 
 log = logging.getLogger("spotrain.controller")
@@ -198,6 +198,9 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
             job.restart_overhead_s = measured_restart_s(marks, moved_s)
             ctx.restart_marks.pop(job.job_id, None)
         job.step = step
+        per_step_s = _float_field(prog, "step_time_s")
+        if per_step_s is not None and per_step_s > 0 and job.gang_attempt:
+            ctx.step_seconds[job.job_id] = (job.gang_attempt, per_step_s * ctx.clock_rate)
         if job.step > job.gang_start_step:
             job.stalled_restarts = 0
     if (total := _int_field(prog, "total_steps")) is not None:
@@ -318,6 +321,7 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], b
         ctx.restart_marks[job.job_id]["launched"] = max(r.launched_at_s for r in members)
     for r in members:
         r.attempt = job.attempt
+    batch = gang_directive(spec, batch, world)
     note_gang_batch(ctx, s, job, batch, world)
     # Write-ahead, as for launches: the attempt and its rendezvous port are durable before any worker
     # starts. Otherwise a crash between two members' starts leaves agents of an attempt number the

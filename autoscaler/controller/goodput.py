@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from sqlalchemy.orm import Session
 
+from cost_models import batching
 from cost_models.goodput import ThroughputModel
 from cost_models.scaling import ProfileScaling, Scaling
 
 from ..policy.jobmath import DEFAULT_RESTART_OVERHEAD_S
+from ..policy.params import DEFAULT_PARAMS
 from ..scaling import BatchConfig, GoodputScaling, batch_limits
 from ..spec import JobSpec
 from ..state import Job
@@ -50,12 +52,17 @@ MAX_PROFILE_ROWS = 64
 REFIT_EVERY_S = 300.0
 # Throughput fits per tick over all jobs.
 MAX_FITS_PER_TICK = 2
-# A running gang is restarted only to change its batch when the goodput it gains is more than this
-# share (Pollux's runtime re-optimizes at 5 %) and the time it saves pays this many restarts.
-REBATCH_GAIN = 0.05
-REBATCH_PAYBACK_RESTARTS = 3.0
 BATCH_EVENT = "batch"
 LR_EVENT = "lr"
+# Who chose a batch (DESIGN.md wave 3): ``controller`` (a directive from the policy) or ``runtime``
+# (the runtime's own choice, only when no controller runs the job). ``batch`` and ``lr`` events end
+# with ``; source=<who>`` (at the end, so that readers of the reason's start keep working).
+SOURCE_CONTROLLER = "controller"
+SOURCE_RUNTIME = "runtime"
+
+
+def _by(source: str) -> str:
+    return f"; source={source}"
 # A learning-rate factor the workers report (AdaScale's gain moves with the noise estimates) is an
 # event when it moved by more than this share since the last one noted, or with a batch change.
 LR_TOLERANCE = 0.10
@@ -171,25 +178,38 @@ def record_report(ctx: Context, s: Session, job: Job, prog: Mapping[str, Any]) -
         job.grad_sqr, job.grad_var = sqr, var
     reported = _reported_batch(prog)
     lr = _num(prog.get("lr_factor"), 1e-6, 1e6)
-    if reported is not None and job.gang_attempt:
+    # Only the running gang's own reports: the last report of the gang before it (its step is the
+    # checkpoint this gang started from) may arrive after this gang was told another batch.
+    step = _num(prog.get("step"), 0, 2**62)
+    if reported is not None and job.gang_attempt and step is not None and step > job.gang_start_step:
         current = batch_of(job)
         size = current.batch_size if current is not None else ctx.spec(job).training.global_batch_size
+        # The workers say who chose their batch; a runtime that does not say followed a directive
+        # when its gang got one (the controller records it in ``batch_json``).
+        who = prog.get("batch_source")
+        source = who if who in (SOURCE_CONTROLLER, SOURCE_RUNTIME) else _noted(job, "source") or SOURCE_RUNTIME
         if size != reported.batch_size:
             at_lr = f", LR x{lr:.2f}" if lr is not None else ""
-            ctx.note(s, job, BATCH_EVENT, f"the workers changed to {reported.describe()}{at_lr}")
-            job.batch_json = json.dumps({**reported.to_json(), **({"lr_factor": lr} if lr is not None else {})})
+            ctx.note(s, job, BATCH_EVENT, f"the workers changed to {reported.describe()}{at_lr}{_by(source)}")
+            job.batch_json = json.dumps({**reported.to_json(), "source": source,
+                                         **({"lr_factor": lr} if lr is not None else {})})
         elif current is not None and lr is not None and _moved(_noted_lr(job), lr, LR_TOLERANCE):
             was = _noted_lr(job)
             ctx.note(s, job, LR_EVENT, f"learning-rate factor {f'x{was:.2f} -> ' if was is not None else ''}x{lr:.2f} "
-                                       f"at batch {size} ({ctx.spec(job).training.lr_scaling})")
-            job.batch_json = json.dumps({**current.to_json(), "lr_factor": lr})
+                                       f"at batch {size} ({ctx.spec(job).training.lr_scaling}){_by(source)}")
+            job.batch_json = json.dumps({**current.to_json(), "source": source, "lr_factor": lr})
 
 
 def _noted_lr(job: Job) -> float | None:
     """The learning-rate factor last noted for the job's gang (kept beside its batch), if any."""
+    value = _noted(job, "lr_factor")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _noted(job: Job, key: str) -> Any:
+    """A field kept beside the gang's batch (``lr_factor``, ``source``), if any."""
     try:
-        value = json.loads(job.batch_json).get("lr_factor") if job.batch_json else None
-        return float(value) if isinstance(value, int | float) else None
+        return json.loads(job.batch_json).get(key) if job.batch_json else None
     except (ValueError, AttributeError):
         return None
 
@@ -213,18 +233,35 @@ def batch_of(job: Job) -> BatchConfig | None:
         return None
 
 
+def gang_directive(spec: JobSpec, batch: BatchConfig | None, gpus: int) -> BatchConfig | None:
+    """The batch a new gang of ``gpus`` GPUs is told to train at: the allocation's, else, for an
+    adaptive job, the spec's batch laid out on those GPUs (``cost_models.batching.plan``). An adaptive
+    gang always gets a directive, so the runtime knows a controller runs it and leaves the batch to
+    the policy (before, a gang started before the job had a model got none, and the runtime
+    re-optimized on its own: every batch change of a live job was the runtime's)."""
+    t = spec.training
+    if batch is not None or t.batch_policy != "adaptive" or gpus < 1:
+        return batch
+    p = batching.plan(t.global_batch_size, world_size=gpus, logical_workers=t.logical_workers,
+                      max_local_bsz=t.max_local_batch_size)
+    return BatchConfig(p.batch_size, p.local_bsz, p.accum_steps)
+
+
 def note_gang_batch(ctx: Context, s: Session, job: Job, batch: BatchConfig | None, gpus: int) -> None:
-    """A new gang starts with ``batch`` (None: the spec's batch): record it, and an event if it changed."""
+    """A new gang starts with ``batch`` (None: the spec's batch): record it, and a ``batch`` event
+    (source controller) when it changed (the total batch, or its layout on the new gang)."""
     before = batch_of(job)
     if batch == before:
         return
+    m0 = ctx.spec(job).training.global_batch_size
     if batch is None:
-        ctx.note(s, job, BATCH_EVENT, f"back to the spec's batch {ctx.spec(job).training.global_batch_size}")
+        ctx.note(s, job, BATCH_EVENT, f"back to the spec's batch {m0}{_by(SOURCE_CONTROLLER)}")
         job.batch_json = ""
         return
-    was = f"from {before.batch_size}" if before is not None else f"from the spec's {ctx.spec(job).training.global_batch_size}"
-    ctx.note(s, job, BATCH_EVENT, f"{batch.describe(gpus)}, {was}")
-    job.batch_json = json.dumps(batch.to_json())
+    if before is not None or batch.batch_size != m0:  # the spec's batch at the first gang is no change
+        was = f"from {before.batch_size}" if before is not None else f"from the spec's {m0}"
+        ctx.note(s, job, BATCH_EVENT, f"{batch.describe(gpus)}, {was}{_by(SOURCE_CONTROLLER)}")
+    job.batch_json = json.dumps({**batch.to_json(), "source": SOURCE_CONTROLLER})
 
 
 # ----- the job's goodput function for the policy -------------------------------------------------------
@@ -277,26 +314,40 @@ def scaling_for(ctx: Context, job: Job, spec: JobSpec) -> Scaling | None:
     return scaling or base
 
 
+def remaining_s(ctx: Context, job: Job) -> float | None:
+    """The job's measured remaining time on the controller's clock: the steps left (the workers'
+    ``total_steps`` minus their ``step``) at the seconds per step the running gang reported. None
+    when the gang has not reported both."""
+    seen = ctx.step_seconds.get(job.job_id)
+    if seen is None or seen[0] != job.gang_attempt or not job.total_steps:
+        return None
+    return max(0, job.total_steps - job.step) * seen[1]
+
+
 def rebatch_reason(ctx: Context, job: Job, batch: BatchConfig | None, gpus: int, per_node: int) -> str | None:
     """Why the running gang of ``gpus`` GPUs should restart to train at ``batch`` (None: it should
-    not): the goodput it gains passes ``REBATCH_GAIN`` and the time saved over the work left (the
-    spec's estimate, as the policy reads it) pays ``REBATCH_PAYBACK_RESTARTS`` restarts."""
+    not): ``cost_models.batching.rebatch_pays`` with the policy's thresholds (``PolicyParams``), over
+    the job's measured remaining time (``remaining_s``; the spec's ``simulate.work_gpu_hours`` is only
+    an estimate, and a live job knows better)."""
     fit = ctx.goodput.jobs.get(job.job_id)
     if batch is None or fit is None or not isinstance(fit.scaling, GoodputScaling) or gpus <= 0:
         return None
     spec = ctx.spec(job)
-    m0 = spec.training.global_batch_size
-    current = batch_of(job) or BatchConfig(m0, max(1, math.ceil(m0 / gpus)), 0)
+    current = batch_of(job) or gang_directive(spec, None, gpus)
+    if current is None:
+        m0 = spec.training.global_batch_size
+        local, accum = batching.split(m0, gpus)
+        current = BatchConfig(m0, max(1, math.ceil(local)), int(accum))
     if current.batch_size == batch.batch_size and current.accum_steps == batch.accum_steps:
+        return None
+    left_s = remaining_s(ctx, job)
+    if left_s is None:
         return None
     old = fit.scaling.speedup_at(gpus, per_node, current)
     new = fit.scaling.speedup(gpus, per_node)
-    if old <= 0 or new <= old * (1 + REBATCH_GAIN):
-        return None
-    done = min(1.0, job.step / job.total_steps) if job.total_steps else 0.0
-    left_s = spec.simulate.work_gpu_hours * 3600.0 * (1.0 - done) / old
-    saved_s = left_s * (1.0 - old / new)
     d = job.restart_overhead_s if job.restart_overhead_s is not None else DEFAULT_RESTART_OVERHEAD_S
-    if saved_s <= REBATCH_PAYBACK_RESTARTS * d:
+    rule = getattr(ctx.policy, "params", DEFAULT_PARAMS).rebatch
+    if not batching.rebatch_pays(old, new, remaining_s=left_s, restart_s=d, rule=rule):
         return None
-    return f"re-batching to {batch.describe(gpus)}: {100 * (new / old - 1):.0f} % more goodput than batch {current.batch_size}"
+    return (f"re-batching to {batch.describe(gpus)}: {100 * (new / old - 1):.0f} % more goodput than batch "
+            f"{current.batch_size}, over {left_s:.0f} s of measured remaining work")

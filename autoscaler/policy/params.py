@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_providers.safe_files import FileRefused, load_document
+from cost_models.batching import DEFAULT_REBATCH, RebatchRule
 
 from .jobmath import CAPACITY_BACKOFF_S, DEFAULT_RESTART_OVERHEAD_S
 
@@ -118,6 +119,14 @@ class PolicyParams:
     # ... for which this many cycles (d + lag) above the reserve are cushion enough. Cycles.
     big_cushion_cycles: float = _f(1.0, 0.0, 1000.0)
 
+    # ---- re-batching (adaptive batch; cost_models.batching's re-batch test) ----
+    # A running gang restarts only to change its batch when the goodput it gains is more than this
+    # share (Pollux re-optimises at 5 %). Share.
+    rebatch_min_gain: float = _f(DEFAULT_REBATCH.min_gain, 0.0, 10.0)
+    # ... and the time it saves over the job's measured remaining work pays this many restarts.
+    # Restarts.
+    rebatch_payback_restarts: float = _f(DEFAULT_REBATCH.payback_restarts, 0.0, 1000.0)
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check(f, getattr(self, f.name))
@@ -137,6 +146,11 @@ class PolicyParams:
         merged: dict[str, Any] = {**(base or DEFAULT_PARAMS).to_dict(), **values}
         kwargs: dict[str, Any] = {k: (float(v) if fields[k].metadata["type"] is float else v) for k, v in merged.items()}
         return cls(**kwargs)
+
+    @property
+    def rebatch(self) -> RebatchRule:
+        """The re-batch test's thresholds, as ``cost_models.batching`` takes them."""
+        return RebatchRule(min_gain=self.rebatch_min_gain, payback_restarts=self.rebatch_payback_restarts)
 
     def to_dict(self) -> dict[str, float | int]:
         """Every parameter by name (what ``from_mapping`` reads back)."""
@@ -169,7 +183,8 @@ class Range:
 # default, because the field is a fact or a tolerance, not a trade-off a market could move:
 # ``short_notice_s`` is the provider's notice below which a checkpoint may not be saved (GCP: 30 s),
 # ``default_restart_overhead_s`` is replaced by the job's measured (or simulated) overhead, and
-# ``slack_tolerance_s`` absorbs float rounding.
+# ``slack_tolerance_s`` absorbs float rounding. ``rebatch_*`` are held too: the tuner's market
+# benchmark trains fixed batches, so nothing there could move them.
 TUNING_RANGES: dict[str, Range | None] = {
     "spot_candidates": Range(1, 8),
     "od_candidates": Range(1, 4),
@@ -190,6 +205,8 @@ TUNING_RANGES: dict[str, Range | None] = {
     "switch_cushion_cycles": Range(0.0, 12.0),
     "big_switch_margin": Range(2.0, 30.0),
     "big_cushion_cycles": Range(0.0, 6.0),
+    "rebatch_min_gain": None,
+    "rebatch_payback_restarts": None,
 }
 
 

@@ -40,6 +40,7 @@ from cloud_providers import protocol
 from cloud_providers.base import Offering
 from cloud_providers.clock import Clock
 from cloud_providers.executor import GangState, WorkerLaunch, WorkerStatus
+from cost_models import batching
 from cost_models.goodput import ThroughputModel
 from cost_models.scaling import Scaling, accelerator_speed
 
@@ -310,11 +311,11 @@ def _profiled_rate(w: SimWorkload, g: _Gang, parts: list[tuple[Offering, int]]) 
     if workers == 0:
         return 0.0
     m0, batch = _gang_batch(g)
-    if batch is None:  # the spec's batch, split over the GPUs
-        batch = BatchConfig(m0, max(1, math.ceil(m0 / workers)), 0)
-        local = m0 / workers
+    if batch is None:  # the spec's batch, split over the GPUs (Pollux's split, no accumulation)
+        local, accum = batching.split(m0, workers)
+        batch = BatchConfig(m0, max(1, math.ceil(local)), int(accum))
     else:
-        local = batch.batch_size / (workers * (batch.accum_steps + 1))
+        local = batching.local_of(batch.batch_size, workers, batch.accum_steps)
     g.batch = batch
     speed = min(accelerator_speed(o.accelerator) for o, n in parts if n > 0)
     truth = GoodputScaling(w.profile, init_batch_size=m0, max_batch_size=m0, grad=w.grad_stats)

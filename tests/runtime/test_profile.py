@@ -188,6 +188,25 @@ def test_a_gang_without_a_directive_re_optimizes_at_fixed_steps(tmp_path: Path) 
     assert all(b % 2 == 0 and 8 <= b <= 128 for b in seen.values())
 
 
+def test_a_gang_with_a_directive_never_changes_its_batch_itself(tmp_path: Path) -> None:
+    """Issue 20: with the controller's directive the policy is the only decider. The same noisy run
+    that re-optimizes to a larger batch without one (test above) keeps the directive's batch, and
+    reports it as the controller's; without one it reports ``batch_source: runtime``."""
+    t = _trainer(tmp_path / "c", logical_workers=2, steps=60, policy="adaptive", noise_every=1, label_noise=10.0,
+                 batch_json='{"batch_size": 8, "local_bsz": 4, "accum_steps": 0}')
+    object.__setattr__(t.config, "rebatch_every_steps", 20)
+    try:
+        sizes = {step.batch_size for step in t}
+        assert sizes == {8} and t.batch_source == "controller"
+    finally:
+        t.close()
+    free = _trainer(tmp_path / "r", logical_workers=2, steps=3, policy="adaptive")
+    try:
+        assert free.batch_source == "runtime"
+    finally:
+        free.close()
+
+
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
 def test_end_early_stops_at_that_boundary_and_finish_writes_the_final_weights(tmp_path: Path, policy: str) -> None:
     """A script's own stop rule (a target metric): the loop ends right after the step that called
