@@ -31,7 +31,7 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +109,16 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     jobs = [(t, m, a.workload) for t in a.traces for m in MODES]
+    done: dict[tuple[str, str, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=max(1, a.procs)) as pool:
-        rows = list(pool.map(_one, jobs))
+        futures = {pool.submit(_one, j): j for j in jobs}
+        for f in as_completed(futures):
+            done[futures[f]] = r = f.result()
+            print(f"done: {r['trace']} {r['mode']} in {r['wall_s']} s", file=sys.stderr, flush=True)
+            if a.out:  # each run as it ends (a long run's figures survive an interruption)
+                with open(a.out + ".partial", "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(r, sort_keys=True) + "\n")
+    rows = [done[j] for j in jobs]
     print(f"workload {Path(a.workload).name}; policy spotrain; default deadlines (from the users' configurations); "
           "6-min restart overhead; every model with its own data")
     _print(rows, a.traces)

@@ -140,6 +140,7 @@ def tuned_batches(name: str, user_batch: int | None = None) -> list[int]:
     return sorted(out)
 
 
+@lru_cache(maxsize=None)
 def tuned_config(name: str, *, user_batch: int | None = None, gpus_per_node: int = 1,
                  max_gpus: int | None = None) -> TunedConfig:
     """TunedJobs' configuration for one job, chosen offline with the truth (Pollux's rule for the
