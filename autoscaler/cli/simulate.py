@@ -69,7 +69,8 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], 
               help="With --workload: each job's deadline is this many times its on-demand run time (0: no deadlines).")
 @click.option("--batch-policy", type=click.Choice(BATCH_POLICIES), default=None,
               help="With --workload: elastic jobs (1 to num_replicas GPUs) whose simulated workers train at their Pollux profile and report it; "
-                   "the controller learns each job's goodput and keeps the user's batch (fixed) or picks it per allocation (adaptive). "
+                   "the controller learns each job's goodput and keeps the user's batch (fixed) or picks it per allocation (adaptive); "
+                   "tuned: Pollux's TunedJobs, each job at the batch and GPU count chosen offline for its model. "
                    "Default: fixed gangs of num_replicas at the user's batch, unprofiled.")
 @click.option("--policy", type=click.Choice(POLICIES), default="spotrain", show_default=True)
 @click.option("--start-hours", type=NON_NEGATIVE, default=0.0, show_default=True, help="Trace hour at which the job is submitted.")
@@ -146,4 +147,3 @@ def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, ov
     click.echo(f"{out['policy']}: {out['finished']}/{out['jobs']} jobs finished, average JCT {jct}, cost ${out['cost_usd']:.2f} "
                f"(on-demand ${out['on_demand_cost_usd']:.2f}), {out['gpu_hours']:.1f} GPU-hours, deadline misses {out['deadline_misses']}, "
                f"preemptions {out['preemptions']}" + (f", batch policy {batch_policy} ({out['batch_events']} batch events)" if batch_policy else ""))
-    click.echo("mapped applications: " + ", ".join(f"{a} -> {p}" for a, p in out["mapped_applications"].items()))

@@ -2,35 +2,36 @@
 
 A workload is Pollux's format (Qiao et al., OSDI'21; ``cost_models/data/pollux/workloads``):
 ``name,time,application,num_replicas,batch_size`` - submit time in seconds, the model, and the replicas
-and total batch size the user asked for. Each job becomes a fixed-size gang of ``num_replicas`` GPUs
-(the size its user asked for) with the measured Pollux throughput model of its application:
+and total batch size the user asked for. Each of Pollux's six applications runs with its OWN published
+data (``cost_models/data/pollux/<model>/``, from Pollux's artifact; no model borrows another's):
 
-- ``cifar10``, ``bert``, ``imagenet``, ``ncf``: their own profiles.
-- ``deepspeech2`` (DeepSpeech2 on CommonVoice, a recurrent speech model of medium size) has no profile:
-  it runs with ``bert``'s (the other sequence model of medium size: large gradients, compute-heavy steps).
-- ``yolov3`` (YOLOv3 on PASCAL VOC, a large convolutional detector) runs with ``imagenet``'s (ResNet-50:
-  the convolutional vision model nearest in size and step time).
+- its throughput model, fitted to its ``scalability.csv`` and/or ``placements.csv`` (``deepspeech2``
+  has only multi-node ``scalability.csv`` rows (6-16 nodes), ``yolov3`` only ``placements.csv`` (1-4
+  nodes): those are the rows the artifact has for them);
+- its initial batch ``M0`` (the smallest validated batch; ``deepspeech2``: 20, see ``INITIAL_BATCH``),
+  its work (the scale-invariant iterations of the last row of its smallest ``validation-<M>.csv``, at
+  ``M0``), its gradient noise scale (``model_stats``) and its largest validated batch (the adaptive cap).
 
-A job's work is what its model needed to reach Pollux's validation target: the scale-invariant
-iterations of the last row of ``<model>/validation-<M0>.csv`` (iterations at the initial batch ``M0``)
-times ``T_step(1 GPU, M0)``, in reference GPU-seconds (YOLOv3: a quarter of ImageNet's, see
-``WORK_SCALE``). The job then runs at its own batch with the profile's speedup for it.
+A job's work is ``P x T_step(1 GPU, M0)`` reference GPU-seconds (``P``: the scale-invariant
+iterations at ``M0`` to Pollux's validation target); it then runs at its own batch with the profile's
+speedup for it.
 
 The workload runs through one controller on a virtual clock (``world.World``): the jobs share the
 local cloud's market (spot room per offering; when room shrinks the newest instances are preempted
-first), and the policy decides for all live jobs at once, as it does in the service. Deadlines are optional: ``deadline_factor`` F gives
-each job F times its time on the fastest on-demand gang of its size.
+first), and the policy decides for all live jobs at once, as it does in the service. Deadlines are
+optional: ``deadline_factor`` F gives each job F times its time on the fastest on-demand gang of the
+size and batch its user asked for (in every mode: the same deadline for the same job).
 
-Co-adaptation (issue 11, docs/goodput.md "workload replay"): with ``batch_policy`` ``fixed`` or
-``adaptive`` each job is elastic (1 to ``num_replicas`` GPUs) and its simulated workers train at the
-truth - the model's Pollux throughput model and a constant gradient noise scale (``NOISE_SCALE``) - and
-report profile rows and gradient statistics as the runtime does; the controller starts from a linear
-prior and learns the job's goodput from those reports only. Both modes start at the user's batch ``M``;
-``fixed`` keeps it, ``adaptive`` lets the controller pick the batch for each allocation, from ``M`` up to
-the model's largest validated batch (``MAX_BATCH_SIZE``). Both reach the same target, ``P``
-scale-invariant iterations at the model's ``M0``: ``P x M0 / (M x E(M)) x T_step(1 GPU, M)`` reference
-GPU-seconds (one GPU at ``M``), ``E(M) = (B + M0) / (B + M)``, so a user batch above ``M0`` costs its
-statistical efficiency in both modes alike, under the same deadline.
+Co-adaptation (issue 11, docs/goodput.md "workload replay"): with ``batch_policy`` ``fixed``,
+``adaptive`` or ``tuned`` each job is elastic (1 GPU up to its gang size) and its simulated workers
+train at the truth - the model's throughput model and a constant gradient noise scale - and report
+profile rows and gradient statistics as the runtime does; the controller starts from a linear prior
+and learns the job's goodput from those reports only. ``fixed`` keeps the user's batch ``M`` and GPUs;
+``adaptive`` starts at ``M`` and lets the controller pick the batch for each allocation, from ``M`` up
+to the model's largest validated batch; ``tuned`` is Pollux's TunedJobs baseline: the job runs at the
+batch and GPU count chosen offline for it with the truth (``tuned_config``), batch fixed. All reach
+the same target, ``P`` scale-invariant iterations at ``M0``: ``P x M0 / (M x E(M)) x T_step(1 GPU,
+M)`` reference GPU-seconds at batch ``M``, ``E(M) = (B + M0) / (B + M)``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any
 from cloud_providers.base import Offering
 from cloud_providers.local.market import MarketTrace
 from cloud_providers.safe_files import FileRefused, read_text_file
-from cost_models.scaling import LinearScaling, ProfileScaling, pollux_model
+from cost_models.scaling import LinearScaling, ProfileScaling
 from sqlalchemy import select
 
 from ..errors import SpecError
@@ -55,37 +56,20 @@ from ..policy.jobmath import gang_rate
 from ..spec import JobSpec, spec_from_dict
 from ..state import InstanceRow
 from .executor import SimWorkload
+from .workload_models import MODELS, model_stats, run_time_s, throughput_model, tuned_config
 from .world import JobOutcome, World
 
-# Pollux application -> the profile it runs with (see the module docstring for the two mapped ones).
-APPLICATION_PROFILE = {"cifar10": "cifar10", "bert": "bert", "imagenet": "imagenet", "ncf": "ncf",
-                       "deepspeech2": "bert", "yolov3": "imagenet"}
-# (initial batch M0, scale-invariant iterations to the validation target): the last row of Pollux's
-# ``<model>/validation-<M0>.csv`` (shared/data/pollux-profiles; cifar10's is in cost_models/data/pollux).
-TARGET_PROGRESS = {"cifar10": (128, 39063.0), "bert": (12, 14774.0), "imagenet": (200, 576526.0), "ncf": (256, 194174.0)}
-
-
-# The gradient noise scale B = grad_var / grad_sqr x M0 of each profile: the median over the rows of
-# ``<model>/validation-<M0>.csv`` (shared/data/pollux-profiles; B grows as training goes on: cifar10
-# 72 -> 38,658, imagenet 928 -> 15,149, ncf 18,565 -> 59 million, bert 423 and 1,124). Constant in a run.
-NOISE_SCALE = {"cifar10": 4890.0, "bert": 774.0, "imagenet": 11388.0, "ncf": 12988628.0}
-# The largest total batch Pollux validated per model (its largest ``validation-<M>.csv``): the
-# adaptive cap (or the user's batch, if larger).
 # A workload is a few hundred jobs (Pollux's traces: 160); past these it is not one (issue 21, finding 12).
 MAX_WORKLOAD_JOBS = 100_000
 MAX_WORKLOAD_BYTES = 16 * 1024 * 1024
-MAX_BATCH_SIZE = {"cifar10": 4096, "bert": 384, "imagenet": 12800, "ncf": 32768}
-BATCH_POLICIES = ("fixed", "adaptive")
+# Replay modes (module doc): the spec's batch policy of each, and ``tuned`` (TunedJobs: fixed batch,
+# the batch and GPU count chosen offline).
+BATCH_POLICIES = ("fixed", "adaptive", "tuned")
 
 
 # Pollux's jobs are short (most under a GPU-hour): a deadline of a few times the on-demand run time
 # leaves them slack for spot beyond the Safety Net's 2 restarts.
 DEFAULT_DEADLINE_FACTOR = 4.0
-
-
-# YOLOv3 borrows ImageNet's profile, but Pollux (Table 1) puts it a size class below (10-100
-# GPU-hours, ImageNet 100-1000): a quarter of ImageNet's work, about 34 GPU-hours.
-WORK_SCALE = {"yolov3": 0.25}
 
 
 # Sanity bounds on a workload row (Pollux's workloads ask for at most 64 replicas and batch 4096).
@@ -107,7 +91,8 @@ class WorkloadJob:
 
     @property
     def profile(self) -> str:
-        return APPLICATION_PROFILE[self.application]
+        """The data the job runs with: its own model's (no model borrows another's)."""
+        return self.application
 
 
 def read_workload(path: str | Path) -> list[WorkloadJob]:
@@ -127,8 +112,9 @@ def read_workload(path: str | Path) -> list[WorkloadJob]:
             job = WorkloadJob(r["name"], float(r["time"]), r["application"], int(r["num_replicas"]), int(r["batch_size"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkloadError(f"workload {path}: line {i}: bad or missing column ({exc})") from None
-        if job.application not in APPLICATION_PROFILE:
-            raise WorkloadError(f"workload {path}: line {i}: application {job.application!r} unknown (known: {', '.join(sorted(APPLICATION_PROFILE))})")
+        if job.application not in MODELS:
+            raise WorkloadError(f"workload {path}: line {i}: application {job.application!r} has no profile of its own "
+                                f"(known: {', '.join(sorted(MODELS))})")
         if job.replicas < 1 or job.batch_size < 1 or not 0 <= job.submit_s < math.inf:
             raise WorkloadError(f"workload {path}: line {i}: time, num_replicas and batch_size must be positive (and time finite)")
         if job.replicas > MAX_REPLICAS or job.batch_size > MAX_BATCH:
@@ -143,32 +129,26 @@ def read_workload(path: str | Path) -> list[WorkloadJob]:
 def work_gpu_seconds(application: str) -> float:
     """Reference GPU-seconds to reach the validation target: one GPU at the model's initial batch
     ``M0`` (the unit of the spec's ``simulate.work_gpu_hours``), whatever batch the user asked for."""
-    profile = APPLICATION_PROFILE[application]
-    m0, progress = TARGET_PROGRESS[profile]
-    return progress * pollux_model(profile).step_time(1, 1, m0) * WORK_SCALE.get(application, 1.0)
+    s = model_stats(application)
+    return s.target_progress * float(throughput_model(application).step_time(1, 1, s.initial_batch))
 
 
 def noise_scale(application: str) -> float:
-    return NOISE_SCALE[APPLICATION_PROFILE[application]]
+    return model_stats(application).noise_scale
 
 
 def adaptive_work_gpu_seconds(application: str, batch_size: int) -> float:
     """Reference GPU-seconds to the validation target for a job training at ``batch_size`` (one GPU
     at that batch, statistical efficiency 1 at it: the unit of a profiled ``SimWorkload``)."""
-    profile = APPLICATION_PROFILE[application]
-    m0, progress = TARGET_PROGRESS[profile]
-    b = noise_scale(application)
-    eff = (b + m0) / (b + batch_size)
-    steps = progress * m0 / (batch_size * eff)
-    return steps * float(pollux_model(profile).step_time(1, 1, batch_size)) * WORK_SCALE.get(application, 1.0)
+    return run_time_s(application, 1, batch_size)
 
 
 def workload_spec(job: WorkloadJob, offerings: Sequence[Offering], work_s: float, deadline_s: float | None,
                   batch_policy: str | None = None) -> JobSpec:
     """The job's spec: a fixed gang of its replicas (no ``batch_policy``), or elastic from 1 GPU to
-    them with ``batch_policy`` fixed or adaptive."""
+    them with ``batch_policy`` fixed, adaptive or tuned (``job`` then carries the tuned GPUs and batch)."""
     accs = sorted({f"{o.accelerator}:{o.gpus}" for o in offerings if job.replicas % o.gpus == 0})
-    cap = max(MAX_BATCH_SIZE[job.profile], job.batch_size) if batch_policy else max(4096, job.batch_size)
+    cap = max(model_stats(job.application).max_batch_size, job.batch_size) if batch_policy else max(4096, job.batch_size)
     d: dict[str, Any] = {
         "name": "w-" + (re.sub(r"[^a-z0-9]+", "-", job.name.lower()).strip("-")[:40] or "job"),
         "run": "simulated",
@@ -180,7 +160,7 @@ def workload_spec(job: WorkloadJob, offerings: Sequence[Offering], work_s: float
         "simulate": {"work_gpu_hours": work_s / 3600.0},
     }
     if batch_policy:
-        d["training"]["batch_policy"] = batch_policy
+        d["training"]["batch_policy"] = "fixed" if batch_policy == "tuned" else batch_policy
     if deadline_s is not None:
         d["objective"] = {"deadline": f"{max(1, int(math.ceil(deadline_s)))}s"}
     return spec_from_dict(d)
@@ -194,10 +174,11 @@ def _spec_batch(job: WorkloadJob) -> int:
 
 @dataclasses.dataclass
 class _Run:
-    job: WorkloadJob
+    job: WorkloadJob  # as the user asked
     spec: JobSpec
     workload: SimWorkload
     deadline_s: float | None
+    ran: WorkloadJob  # the GPUs and batch it ran with (TunedJobs: the tuned ones)
     job_id: str = ""
 
 
@@ -205,19 +186,28 @@ def _sim_workload(j: WorkloadJob, restart_overhead_s: float, interval_s: float, 
     """What the job's simulated workers do. Profiled (``batch_policy`` set): the true model and
     gradient statistics at the spec's batch (grad_var normalised to it: B = grad_var / grad_sqr x M),
     and a linear prior for the controller, which learns the rest from the reports."""
+    model = throughput_model(j.application)
     if batch_policy is None:
-        return SimWorkload(work_s=work_gpu_seconds(j.application), scaling=ProfileScaling(pollux_model(j.profile), j.batch_size),
+        return SimWorkload(work_s=work_gpu_seconds(j.application), scaling=ProfileScaling(model, j.batch_size),
                            restart_overhead_s=restart_overhead_s, checkpoint_interval_s=interval_s)
     m = _spec_batch(j)
     return SimWorkload(work_s=adaptive_work_gpu_seconds(j.application, m), scaling=LinearScaling(),
                        restart_overhead_s=restart_overhead_s, checkpoint_interval_s=interval_s,
-                       profile=pollux_model(j.profile), grad_stats=(1.0, noise_scale(j.application) / m))
+                       profile=model, grad_stats=(1.0, noise_scale(j.application) / m))
+
+
+def tuned_job(j: WorkloadJob) -> WorkloadJob:
+    """The job as TunedJobs runs it: the GPU count and batch ``tuned_config`` picks for its model
+    (offline, with the truth; one GPU per node, as on the generated markets)."""
+    c = tuned_config(j.application, user_batch=j.batch_size)
+    return dataclasses.replace(j, replicas=c.gpus, batch_size=c.batch_size)
 
 
 def workload_world(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
                    restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
                    batch_policy: str | None = None) -> tuple[World, list[_Run]]:
-    """The world and the jobs' runs, before any arrival (``simulate_workload`` runs them)."""
+    """The world and the jobs' runs, before any arrival (``simulate_workload`` runs them). A job's
+    deadline comes from the configuration its user asked for, in every mode."""
     if deadline_factor is not None and deadline_factor <= 1.0:
         raise ValueError("deadline_factor must be > 1 (or None for no deadlines)")
     if batch_policy is not None and batch_policy not in BATCH_POLICIES:
@@ -225,22 +215,29 @@ def workload_world(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Poli
     offers0 = trace.offerings_at(start_s)
     runs: list[_Run] = []
     for j in jobs:
-        scaling = ProfileScaling(pollux_model(j.profile), j.batch_size)
+        scaling = ProfileScaling(throughput_model(j.application), j.batch_size)
         fits = [o for o in offers0 if j.replicas % o.gpus == 0]
         if not fits:
             raise WorkloadError(f"job {j.name}: no offering in the trace fits {j.replicas} replicas")
         # The deadline's unit: the run time on the on-demand gang cheapest per unit of work (what the
         # on-demand baseline runs), so that running on demand always meets it.
         od = min(fits, key=lambda o: o.on_demand_price_usd_per_hour / gang_rate(scaling, ((o, j.replicas // o.gpus),)))
-        sim = _sim_workload(j, restart_overhead_s, 600.0, batch_policy)
-        base_s = sim.work_s / gang_rate(scaling, ((od, j.replicas // od.gpus),)) + restart_overhead_s
+        user = _sim_workload(j, restart_overhead_s, 600.0, "fixed" if batch_policy == "tuned" else batch_policy)
+        base_s = user.work_s / gang_rate(scaling, ((od, j.replicas // od.gpus),)) + restart_overhead_s
         deadline = None if deadline_factor is None else deadline_factor * base_s
+        ran, sim = j, user
+        if batch_policy == "tuned":
+            ran = tuned_job(j)
+            sim = _sim_workload(ran, restart_overhead_s, 600.0, batch_policy)
+            fits = [o for o in offers0 if ran.replicas % o.gpus == 0]
+            if not fits:
+                raise WorkloadError(f"job {j.name}: no offering in the trace fits its tuned {ran.replicas} GPUs")
         try:
-            spec = workload_spec(j, fits, sim.work_s, deadline, batch_policy)
+            spec = workload_spec(ran, fits, sim.work_s, deadline, batch_policy)
         except SpecError as exc:
             raise WorkloadError(f"job {j.name}: {str(exc).removeprefix('spec error: ')}") from None
         sim = dataclasses.replace(sim, checkpoint_interval_s=spec.checkpoint.interval_s)
-        runs.append(_Run(j, spec, sim, deadline))
+        runs.append(_Run(j, spec, sim, deadline, ran))
     return World(trace, policy, start_s=start_s), runs
 
 
@@ -268,7 +265,7 @@ def _add_gpu_hours(world: World, runs: Sequence[_Run], out: dict[str, Any]) -> N
     """Billed GPU-hours and batch events per job, and their totals."""
     with world.store.session() as s:
         for r, rec in zip(runs, out["per_job"]):
-            rows = s.scalars(select(InstanceRow).where(InstanceRow.job_id == r.job_id)) if r.job_id else []
+            rows: list[InstanceRow] = list(s.scalars(select(InstanceRow).where(InstanceRow.job_id == r.job_id))) if r.job_id else []
             rec["gpu_hours"] = round(sum(x.billed_seconds * x.gpus for x in rows) / 3600.0, 4)
             rec["batch_events"] = sum(1 for e in world.events(r.job_id) if e[1] == "batch") if r.job_id else 0
     out["gpu_hours"] = round(sum(j["gpu_hours"] for j in out["per_job"]), 4)
@@ -276,11 +273,12 @@ def _add_gpu_hours(world: World, runs: Sequence[_Run], out: dict[str, Any]) -> N
 
 
 def _summary(runs: Sequence[_Run], outcomes: Sequence[JobOutcome | None], start_s: float, policy: str) -> dict[str, Any]:
-    per_job = []
+    per_job: list[dict[str, Any]] = []
     for r, o in zip(runs, outcomes):
         ended = o is not None and o.state == "SUCCEEDED" and o.finished_s is not None
         jct = (o.finished_s - start_s - r.job.submit_s) / 3600.0 if ended and o is not None and o.finished_s is not None else None
         per_job.append({"name": r.job.name, "application": r.job.application, "profile": r.job.profile, "replicas": r.job.replicas,
+                        "batch_size": r.job.batch_size, "ran_gpus": r.ran.replicas, "ran_batch_size": r.ran.batch_size,
                         "state": o.state if o is not None else "UNFINISHED", "cost_usd": round(o.cost_usd if o else 0.0, 4),
                         "on_demand_cost_usd": round(o.on_demand_cost_usd if o else 0.0, 4),
                         "jct_hours": None if jct is None else round(jct, 4),
@@ -296,6 +294,5 @@ def _summary(runs: Sequence[_Run], outcomes: Sequence[JobOutcome | None], start_
         "on_demand_cost_usd": round(sum(j["on_demand_cost_usd"] for j in per_job), 4),
         "deadline_misses": sum(1 for j in per_job if not j["deadline_met"]),
         "preemptions": sum(j["preemptions"] for j in per_job),
-        "mapped_applications": {a: p for a, p in APPLICATION_PROFILE.items() if a != p},
         "per_job": per_job,
     }

@@ -13,12 +13,12 @@ from autoscaler.errors import SpecError
 from autoscaler.policy import get_policy
 from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace, generate_trace_text
 from autoscaler.simulator.workload import (
-    APPLICATION_PROFILE,
     WorkloadError,
     read_workload,
     simulate_workload,
     work_gpu_seconds,
 )
+from autoscaler.simulator.workload_models import MODELS
 from cost_models.scaling import DATA_DIR
 
 WORKLOAD = DATA_DIR / "workloads" / "workload-1.csv"
@@ -32,11 +32,11 @@ def _small(tmp_path: Path) -> Path:
     return p
 
 
-def test_reads_pollux_workloads_and_maps_unprofiled_models() -> None:
+def test_reads_pollux_workloads_every_model_with_its_own_profile() -> None:
     jobs = read_workload(WORKLOAD)
     assert len(jobs) == 160 and jobs == sorted(jobs, key=lambda j: (j.submit_s, j.name))
-    assert {j.application for j in jobs} <= set(APPLICATION_PROFILE)
-    assert APPLICATION_PROFILE["deepspeech2"] == "bert" and APPLICATION_PROFILE["yolov3"] == "imagenet"
+    assert {j.application for j in jobs} == set(MODELS)
+    assert all(j.profile == j.application for j in jobs)  # no stand-in profiles (issue 20)
 
 
 def test_work_comes_from_the_validation_target() -> None:
@@ -46,13 +46,15 @@ def test_work_comes_from_the_validation_target() -> None:
     small, big = work_gpu_seconds("cifar10"), work_gpu_seconds("imagenet")
     assert 0.5 * 3600 < small < 4 * 3600  # Pollux's "small" jobs: about a GPU-hour
     assert 100 * 3600 < big < 1000 * 3600  # ImageNet: Pollux's "extra large" class
-    assert 10 * 3600 < work_gpu_seconds("yolov3") < 100 * 3600 and work_gpu_seconds("deepspeech2") == work_gpu_seconds("bert")
+    # yolov3 (Pollux: 10-100 GPU-hours) and deepspeech2, each from its own validation target.
+    assert 10 * 3600 < work_gpu_seconds("yolov3") < 100 * 3600 and 1 * 3600 < work_gpu_seconds("deepspeech2") < 100 * 3600
+    assert len({work_gpu_seconds(m) for m in MODELS}) == len(MODELS)
 
 
 def test_bad_workload_lines_name_the_problem(tmp_path: Path) -> None:
     p = tmp_path / "bad.csv"
     p.write_text("name,time,application,num_replicas,batch_size\nx,0,gpt5,1,8\n")
-    with pytest.raises(WorkloadError, match="line 2: application 'gpt5' unknown"):
+    with pytest.raises(WorkloadError, match="line 2: application 'gpt5' has no profile of its own"):
         read_workload(p)
     p.write_text("name,time,application,num_replicas,batch_size\nx,zero,ncf,1,8\n")
     with pytest.raises(WorkloadError, match="line 2"):
@@ -109,8 +111,8 @@ def test_cli_workload_json(tmp_path: Path) -> None:
     r = CliRunner().invoke(simulate, ["--workload", str(w), "--trace", str(tmp_path / "trace.csv"), "--policy", "spotrain", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output.strip().splitlines()[-1])
-    assert {"avg_jct_hours", "cost_usd", "deadline_misses", "jobs", "per_job", "mapped_applications"} <= set(out)
-    assert out["mapped_applications"] == {"deepspeech2": "bert", "yolov3": "imagenet"}
+    assert {"avg_jct_hours", "cost_usd", "deadline_misses", "jobs", "per_job"} <= set(out)
+    assert all(j["profile"] == j["application"] for j in out["per_job"])
     r = CliRunner().invoke(simulate, ["--workload", str(w), "--policy", "omniscient"])
     assert r.exit_code != 0 and "omniscient" in r.output
     r = CliRunner().invoke(simulate, ["--trace", str(tmp_path / "trace.csv")])

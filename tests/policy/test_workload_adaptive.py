@@ -16,7 +16,6 @@ import pytest
 from autoscaler.policy import get_policy
 from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace
 from autoscaler.simulator.workload import (
-    NOISE_SCALE,
     adaptive_work_gpu_seconds,
     read_workload,
     simulate_workload,
@@ -84,4 +83,3 @@ def test_the_replay_is_deterministic_and_fixed_keeps_the_users_batch(workload: P
     assert adaptive_work_gpu_seconds("cifar10", 128) == pytest.approx(work_gpu_seconds("cifar10"))
     steps = {m: adaptive_work_gpu_seconds("ncf", m) / float(pollux_model("ncf").step_time(1, 1, m)) for m in (256, 1024)}
     assert steps[1024] * 1024 > steps[256] * 256
-    assert set(NOISE_SCALE) == {"cifar10", "bert", "imagenet", "ncf"}
