@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..failover import FailoverResult, launch_with_failover
+from ..retry import RetryPolicy
 from ._boto import require_sdk
-from .errors import RetryPolicy
-from .failover import FailoverResult, launch_with_failover
 from .provider import DEFAULT_IMAGE_ID, AwsProvider
 from .userdata import AgentBoot
 

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..aws.errors import RetryPolicy
-from ..aws.failover import FailoverResult, launch_with_failover
+from ..failover import FailoverResult, launch_with_failover
+from ..retry import RetryPolicy
 from ._google import default_credentials, require_sdk, split_endpoint
 from .provider import DEFAULT_IMAGE, GcpProvider, instance_name, request_id
 from .userdata import AgentBoot
