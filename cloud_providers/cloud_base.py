@@ -16,8 +16,21 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .base import SPOT, TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, TAG_PRICE, Billing, Instance, LaunchRequest
-from .retry import RetryPolicy
+from .base import (
+    MARKETS,
+    SPOT,
+    TAG_CONTROLLER,
+    TAG_DECISION,
+    TAG_JOB,
+    TAG_MARKET,
+    TAG_PRICE,
+    Billing,
+    Instance,
+    LaunchRequest,
+    Offering,
+)
+from .errors import InvalidRequest
+from .retry import RetryPolicy, Where
 
 T = TypeVar("T")
 
@@ -78,6 +91,14 @@ class CloudProviderBase:
         ``_seen`` those nothing more will be reported of)."""
         raise NotImplementedError
 
+    def _offering_problem(self, offering: Offering) -> str | None:
+        """Why this provider cannot launch ``offering`` (another cloud, region, zone or type), if it cannot."""
+        raise NotImplementedError
+
+    def _decision_problem(self, decision_id: str) -> str | None:
+        """Why the cloud would not take ``decision_id`` as an idempotency token, if it would not."""
+        raise NotImplementedError
+
     def _on_demand_price(self, instance: Instance) -> float:
         """The on-demand price of the instance's type (InvalidRequest when it is not in the catalog)."""
         raise NotImplementedError
@@ -103,6 +124,20 @@ class CloudProviderBase:
         return found
 
     # -- launch --------------------------------------------------------------------------------
+    def _check(self, request: LaunchRequest) -> Where:
+        """Where ``request`` would launch; InvalidRequest naming the first thing wrong with it."""
+        o = request.offering
+        problem = self._offering_problem(o)
+        if problem is None and request.market not in MARKETS:
+            problem = f"market {request.market!r} must be one of {list(MARKETS)}"
+        problem = problem or self._decision_problem(request.decision_id)
+        if problem is None and request.tags.get(TAG_CONTROLLER, self.controller_id) != self.controller_id:
+            problem = (f"tag {TAG_CONTROLLER}={request.tags[TAG_CONTROLLER]!r} is not this controller "
+                       f"({self.controller_id!r})")
+        if problem is not None:
+            raise InvalidRequest(problem, cloud=self.name, region=o.region, zone=o.zone, instance_type=o.instance_type)
+        return Where(region=o.region, zone=o.zone, instance_type=o.instance_type)
+
     def _launch_tags(self, request: LaunchRequest, price_usd_per_hour: float) -> dict[str, str]:
         """The request's tags with this controller, the market, the decision and the launch price."""
         tags = dict(request.tags)

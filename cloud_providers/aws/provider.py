@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..base import (
-    MARKETS,
     SPOT,
     TAG_CONTROLLER,
     TAG_DECISION,
@@ -168,30 +167,22 @@ class AwsProvider(CloudProviderBase):
         return out
 
     # -- launch --------------------------------------------------------------------------------
-    def _check(self, request: LaunchRequest) -> Where:
-        o = request.offering
-        where = Where(region=o.region, zone=o.zone, instance_type=o.instance_type)
-
-        def bad(message: str) -> InvalidRequest:
-            return InvalidRequest(message, cloud=CLOUD, region=o.region, zone=o.zone, instance_type=o.instance_type)
-
+    def _offering_problem(self, o: Offering) -> str | None:
         if o.cloud != CLOUD:
-            raise bad(f"offering {o.key} is not an AWS offering")
+            return f"offering {o.key} is not an AWS offering"
         if o.region not in self.regions:
-            raise bad(f"region {o.region} is not one of this provider's regions {list(self.regions)}")
+            return f"region {o.region} is not one of this provider's regions {list(self.regions)}"
         if self.zones is not None and o.zone not in self.zones:
-            raise bad(f"zone {o.zone} is not one of this provider's zones {sorted(self.zones)}")
+            return f"zone {o.zone} is not one of this provider's zones {sorted(self.zones)}"
         if o.instance_type not in catalog_types():
-            raise bad(f"instance type {o.instance_type} is not in the spotrain catalog")
-        if request.market not in MARKETS:
-            raise bad(f"market {request.market!r} must be one of {list(MARKETS)}")
-        token = request.decision_id
+            return f"instance type {o.instance_type} is not in the spotrain catalog"
+        return None
+
+    def _decision_problem(self, decision_id: str) -> str | None:
+        token = decision_id
         if not token or len(token) > 64 or not token.isascii() or not token.isprintable():
-            raise bad(f"decision_id {token!r} must be 1-64 printable ASCII characters (EC2 ClientToken)")
-        if request.tags.get(TAG_CONTROLLER, self.controller_id) != self.controller_id:
-            raise bad(f"tag {TAG_CONTROLLER}={request.tags[TAG_CONTROLLER]!r} is not this controller "
-                      f"({self.controller_id!r})")
-        return where
+            return f"decision_id {token!r} must be 1-64 printable ASCII characters (EC2 ClientToken)"
+        return None
 
     def _launch_tags(self, request: LaunchRequest, price_usd_per_hour: float) -> dict[str, str]:
         tags = super()._launch_tags(request, price_usd_per_hour)

@@ -35,7 +35,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..base import (
-    MARKETS,
     SPOT,
     TAG_CONTROLLER,
     TAG_JOB,
@@ -198,28 +197,19 @@ class GcpProvider(CloudProviderBase):
         return out
 
     # -- launch --------------------------------------------------------------------------------
-    def _check(self, request: LaunchRequest) -> tuple[Where, GcpType]:
-        o = request.offering
-        where = Where(region=o.region, zone=o.zone, instance_type=o.instance_type)
-
-        def bad(message: str) -> InvalidRequest:
-            return InvalidRequest(message, cloud=CLOUD, region=o.region, zone=o.zone, instance_type=o.instance_type)
-
+    def _offering_problem(self, o: Offering) -> str | None:
         if o.cloud != CLOUD:
-            raise bad(f"offering {o.key} is not a GCP offering")
+            return f"offering {o.key} is not a GCP offering"
         if o.zone not in self.zones:
-            raise bad(f"zone {o.zone} is not one of this provider's zones {list(self.zones)}")
-        entry = find_type(o.instance_type, o.accelerator, o.gpus)
-        if entry is None:
-            raise bad(f"{o.instance_type} with {o.accelerator}:{o.gpus} is not in the spotrain GCP catalog")
-        if request.market not in MARKETS:
-            raise bad(f"market {request.market!r} must be one of {list(MARKETS)}")
-        if not request.decision_id or not request.decision_id.isprintable():
-            raise bad(f"decision_id {request.decision_id!r} must be a non-empty printable string")
-        if request.tags.get(TAG_CONTROLLER, self.controller_id) != self.controller_id:
-            raise bad(f"tag {TAG_CONTROLLER}={request.tags[TAG_CONTROLLER]!r} is not this controller "
-                      f"({self.controller_id!r})")
-        return where, entry
+            return f"zone {o.zone} is not one of this provider's zones {list(self.zones)}"
+        if find_type(o.instance_type, o.accelerator, o.gpus) is None:
+            return f"{o.instance_type} with {o.accelerator}:{o.gpus} is not in the spotrain GCP catalog"
+        return None
+
+    def _decision_problem(self, decision_id: str) -> str | None:
+        if not decision_id or not decision_id.isprintable():
+            return f"decision_id {decision_id!r} must be a non-empty printable string"
+        return None
 
     def _resource(self, request: LaunchRequest, name: str, entry: GcpType, labels: Mapping[str, str],
                   items: Mapping[str, str]) -> Any:
@@ -280,8 +270,10 @@ class GcpProvider(CloudProviderBase):
             return None
 
     def launch(self, request: LaunchRequest) -> Instance:
-        where, entry = self._check(request)
+        where = self._check(request)
         o = request.offering
+        entry = find_type(o.instance_type, o.accelerator, o.gpus)
+        assert entry is not None  # _check made sure
         name = instance_name(request.decision_id, request.tags.get(TAG_JOB), controller_id=self.controller_id)
         existing = self.get_record(o.zone, name)
         if existing is not None:
