@@ -70,9 +70,10 @@ from cloud_providers.remote.wire import (
     STATE_STOPPED,
     Assignment,
     OutputChunk,
-    RankAssignment,
     Report,
     WireError,
+    launch_from_json,
+    launch_to_json,
 )
 
 from .agent_auth import agent_credential, agent_token_path, decision_of, ensure_agent_token
@@ -258,11 +259,7 @@ class RemoteExecutor:
 
     # ----- the Executor contract (controller side) -----
     def start(self, launch: WorkerLaunch) -> None:
-        assignment = RankAssignment(
-            job_id=launch.job_id, attempt=launch.attempt, run=launch.run, setup=launch.setup, cwd=launch.cwd,
-            ranks=list(launch.ranks), world_size=launch.world_size, master_addr=launch.master_addr,
-            master_port=launch.master_port, env=dict(launch.env), workdir=self.workdir_for(launch),
-        )
+        assigned = launch.with_(workdir=self.workdir_for(launch))
         with self.tables.session() as s:
             row = s.get(AgentAssignment, launch.instance_id)
             if row is not None and row.attempt >= launch.attempt:
@@ -271,7 +268,7 @@ class RemoteExecutor:
                 row = AgentAssignment(instance_id=launch.instance_id, stop_attempt=0)
                 s.add(row)
             row.job_id, row.attempt = launch.job_id, launch.attempt
-            row.launch_json = json.dumps(assignment.to_json())
+            row.launch_json = json.dumps(launch_to_json(assigned))
             row.notice_json = None
             row.assigned_at = self._clock()
 
@@ -358,7 +355,7 @@ class RemoteExecutor:
             row = s.get(AgentAssignment, instance_id)
         if row is None or not row.launch_json:
             return Assignment(instance_id=instance_id)
-        launch = RankAssignment.from_json(json.loads(row.launch_json))
+        launch = launch_from_json(json.loads(row.launch_json))
         if is_pending(launch.workdir):
             launch = self._with_workdir(instance_id, launch)
             if launch is None:  # still being packed: the agent waits, as for a slow boot
@@ -366,7 +363,7 @@ class RemoteExecutor:
         return Assignment(instance_id=instance_id, launch=launch, notice=_loads(row.notice_json),
                           stop_attempt=row.stop_attempt)
 
-    def _with_workdir(self, instance_id: str, launch: RankAssignment) -> RankAssignment | None:
+    def _with_workdir(self, instance_id: str, launch: WorkerLaunch) -> WorkerLaunch | None:
         """``launch`` with its workdir once shipped (stored, so a restarted controller need not pack
         again), else None."""
         store_uri = launch.env.get(ENV_CHECKPOINT_URI, "")
@@ -374,11 +371,11 @@ class RemoteExecutor:
             "error": "workdir: the job has no store to ship its workdir to"}
         if is_pending(ref):
             return None
-        launch = dataclasses.replace(launch, workdir=ref)
+        launch = launch.with_(workdir=ref)
         with self.tables.session() as s:
             row = s.get(AgentAssignment, instance_id)
             if row is not None and row.attempt == launch.attempt and row.job_id == launch.job_id:
-                row.launch_json = json.dumps(launch.to_json())
+                row.launch_json = json.dumps(launch_to_json(launch))
         return launch
 
     def record_output(self, instance_id: str, chunk: OutputChunk) -> int:

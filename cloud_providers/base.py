@@ -25,6 +25,8 @@ TAG_JOB = "spotrain-job"
 TAG_CONTROLLER = "spotrain-controller"
 TAG_MARKET = "spotrain-market"
 TAG_DECISION = "spotrain-decision"
+# The price an instance was bought at (real clouds record it at launch, so billing survives a restart).
+TAG_PRICE = "spotrain-price-usd-per-hour"
 
 
 def offering_key(cloud: str, zone: str, instance_type: str, accelerator: str, gpus: int) -> str:

@@ -9,27 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
-
-@dataclasses.dataclass(frozen=True)
-class WorkerLaunch:
-    """Everything needed to start one instance's share of a gang (one process per local rank)."""
-
-    instance_id: str
-    job_id: str
-    attempt: int
-    run: str
-    setup: str | None
-    cwd: str
-    ranks: Sequence[int]
-    world_size: int
-    master_addr: str
-    master_port: int
-    # Environment common to all ranks (the worker protocol's SPOTRAIN_* variables).
-    env: Mapping[str, str]
-    log_dir: str
+# The launch record lives in ``launch.py`` (shared with the wire and the agents); executors take it here.
+from .launch import WorkerLaunch as WorkerLaunch
 
 
 class GangState(str, enum.Enum):

@@ -1,10 +1,9 @@
 """Translate botocore errors into ``cloud_providers.errors`` where they enter, and retry throttling.
 
-Every EC2 call of the provider goes through ``call()``: it retries throttling and transient server
-or network errors with capped exponential backoff and *full jitter* (sleep ~ U(0, min(cap,
-base * 2**attempt))), the variant that spreads a thundering herd best in Brooker's "Exponential
-Backoff And Jitter" (AWS Architecture Blog, 2015), and translates what remains to the most specific
-``ProviderError``, ``raise ... from exc``:
+Every EC2 call of the provider goes through ``call()``: the shared loop of ``cloud_providers/retry.py``
+retries throttling and transient server or network errors with capped exponential backoff and full
+jitter, and what remains is translated here to the most specific ``ProviderError``,
+``raise ... from exc``:
 
     InsufficientInstanceCapacity, InsufficientHostCapacity,
     SpotMaxPriceTooLow, MaxSpotInstanceCountExceeded, Unsupported    -> CapacityUnavailable
@@ -22,9 +21,6 @@ where the policy lives (docs/aws.md), not the SDK's encoded authorization messag
 
 from __future__ import annotations
 
-import dataclasses
-import random
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,6 +33,7 @@ from ..errors import (
     QuotaExceeded,
     Throttled,
 )
+from ..retry import RetryPolicy, Where, retrying
 from ._boto import botocore_exceptions
 
 T = TypeVar("T")
@@ -85,36 +82,6 @@ AUTH_CODES = frozenset(
 NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound"})
 
 
-@dataclasses.dataclass(frozen=True)
-class Where:
-    """Where a call happened: copied into every error so the caller can fail over."""
-
-    region: str | None = None
-    zone: str | None = None
-    instance_type: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
-    """Bounded exponential backoff with full jitter. ``sleep`` and ``rng`` are seams for tests."""
-
-    max_attempts: int = 5
-    base_s: float = 0.5
-    cap_s: float = 20.0
-    sleep: Callable[[float], None] = time.sleep
-    rng: random.Random = dataclasses.field(default_factory=random.Random)
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.base_s < 0 or self.cap_s < 0:
-            raise ValueError(f"backoff base_s/cap_s must be >= 0, got {self.base_s}/{self.cap_s}")
-
-    def delay_s(self, attempt: int) -> float:
-        """Sleep before retry number ``attempt`` (1-based): U(0, min(cap, base * 2**(attempt-1)))."""
-        return self.rng.uniform(0.0, min(self.cap_s, self.base_s * 2.0 ** (attempt - 1)))
-
-
 def error_code(exc: BaseException) -> str | None:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
@@ -131,21 +98,11 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, (bex.EndpointConnectionError, bex.ConnectionClosedError, bex.ReadTimeoutError))
 
 
-def _kwargs(where: Where, attempts: int) -> dict[str, Any]:
-    return {
-        "cloud": CLOUD,
-        "region": where.region,
-        "zone": where.zone,
-        "instance_type": where.instance_type,
-        "attempts": attempts,
-    }
-
-
 def translate(exc: BaseException, *, operation: str, where: Where, attempts: int = 1) -> ProviderError:
     """The most specific ProviderError for a botocore exception (the caller raises it ``from exc``)."""
     bex = botocore_exceptions()
-    kw = _kwargs(where, attempts)
-    place = "/".join(p for p in ("aws", where.zone or where.region, where.instance_type) if p)
+    kw = where.error_kwargs(CLOUD, attempts)
+    place = where.place(CLOUD)
     if isinstance(exc, bex.NoCredentialsError):
         return CredentialsError(
             "AWS credentials not found: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
@@ -201,19 +158,13 @@ def translate(exc: BaseException, *, operation: str, where: Where, attempts: int
 
 
 def call(fn: Callable[..., T], *, operation: str, where: Where, retry: RetryPolicy, **kwargs: Any) -> T:
-    """Call ``fn(**kwargs)``, retrying throttling and transient errors; translate the rest.
-
-    Only botocore's exception types are caught (never a bare ``Exception``): anything else is a bug
-    in our code and must surface as itself.
-    """
+    """Call ``fn(**kwargs)``, retrying throttling and transient errors; translate the rest (only
+    botocore's exception types are caught)."""
     bex = botocore_exceptions()
-    attempt = 1
-    while True:
-        try:
-            return fn(**kwargs)
-        except (bex.ClientError, bex.BotoCoreError) as exc:
-            if _retryable(exc) and attempt < retry.max_attempts:
-                retry.sleep(retry.delay_s(attempt))
-                attempt += 1
-                continue
-            raise translate(exc, operation=operation, where=where, attempts=attempt) from exc
+    return retrying(lambda: fn(**kwargs), retry=retry, sdk_errors=(bex.ClientError, bex.BotoCoreError),
+                    retryable=_retryable,
+                    translate=lambda exc, attempts: translate(exc, operation=operation, where=where,
+                                                              attempts=attempts))
+
+
+__all__ = ["CLOUD", "RetryPolicy", "Where", "call", "error_code", "translate"]

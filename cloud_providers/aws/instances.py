@@ -23,7 +23,6 @@ from ..catalog import find
 SPOT_TERMINATION = "Server.SpotInstanceTermination"
 INTERRUPTION_PREEMPTION = "preemption"
 TAG_INTERRUPTION = "spotrain-interruption"
-TAG_PRICE = "spotrain-price-usd-per-hour"
 
 _STATES = {
     "pending": InstanceState.PENDING,

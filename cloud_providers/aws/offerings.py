@@ -14,7 +14,8 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ..catalog import INSTANCE_TYPES, InstanceType
-from .errors import RetryPolicy, Where, call
+from ..retry import RetryPolicy, Where
+from .errors import call
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .errors import RetryPolicy, Where, call
+from ..retry import RetryPolicy, Where
+from .errors import call
 
 PRODUCT = "Linux/UNIX"
 

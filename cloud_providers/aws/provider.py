@@ -18,30 +18,28 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..base import (
-    MARKETS,
     SPOT,
     TAG_CONTROLLER,
     TAG_DECISION,
     TAG_JOB,
-    TAG_MARKET,
-    Billing,
     Instance,
     InstanceState,
     LaunchRequest,
     Offering,
 )
 from ..catalog import NOTICE_SECONDS, find
+from ..cloud_base import BootConfigFor, CloudProviderBase
 from ..errors import InstanceNotFound, InvalidRequest
+from ..retry import RetryPolicy, Where
 from . import userdata
 from ._boto import ClientFactory, make_client_factory
-from .errors import CLOUD, RetryPolicy, Where, call
-from .instances import TAG_PRICE, to_instance
+from .errors import CLOUD, call
+from .instances import to_instance
 from .offerings import ZoneType, catalog_types, discover
 from .pricing import SpotPriceCache
 
@@ -56,8 +54,6 @@ MIN_BILLED_S = 60.0
 # eventually consistent right after RunInstances).
 VANISH_GRACE_S = 300.0
 SPOT_NOTICE_S = NOTICE_SECONDS["aws"]
-
-BootConfigFor = Callable[[LaunchRequest], Mapping[str, Any]]
 
 
 def _describe_all(client: Any, *, region: str, retry: RetryPolicy, **kwargs: Any) -> list[dict[str, Any]]:
@@ -77,7 +73,7 @@ def _tag_filters(tags: Mapping[str, str]) -> list[dict[str, Any]]:
     return [{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(tags.items())]
 
 
-class AwsProvider:
+class AwsProvider(CloudProviderBase):
     """EC2 spot and on-demand GPU instances in ``regions`` (optionally only ``zones``).
 
     Pass ``client_factory`` (region -> EC2 client) to inject Stubber'd or moto clients, or a boto3
@@ -123,42 +119,25 @@ class AwsProvider:
             raise ValueError(f"catalog_ttl_s must be >= 0, got {catalog_ttl_s}")
         if client_factory is not None and (session is not None or endpoint_url is not None):
             raise ValueError("pass either client_factory or session/endpoint_url, not both")
+        super().__init__(controller_id=controller_id, retry=retry, clock=clock, catalog_ttl_s=catalog_ttl_s,
+                         boot_config_for=boot_config_for)
         self.regions = tuple(regions)
         self.zones = frozenset(zones) if zones is not None else None
-        self.controller_id = controller_id
         self.image_id = image_id
         self._client_for = client_factory or make_client_factory(session, endpoint_url=endpoint_url)
-        self._retry = retry or RetryPolicy()
-        self._clock = clock
-        self._catalog_ttl_s = catalog_ttl_s
         self._prices = SpotPriceCache(client_for=self._client_for, retry=self._retry, clock=clock,
                                       ttl_s=spot_price_ttl_s, overrides=spot_price_overrides)
-        self._boot_config_for = boot_config_for
         self._agent_boot = agent_boot or userdata.AgentBoot()
         self._subnet_by_zone = dict(subnet_by_zone or {})
         self._security_group_ids = list(security_group_ids or ())
         self._key_name = key_name
         self._instance_profile = instance_profile
-        self._lock = threading.Lock()
-        self._zone_types: dict[str, tuple[float, Sequence[ZoneType]]] = {}
         self._region_of: dict[str, str] = {}
-        self._ended_at_s: dict[str, float] = {}
-        self._seen: dict[str, Instance] = {}
 
-    # -- clock and catalog ---------------------------------------------------------------------
-    def now_s(self) -> float:
-        return self._clock()
-
+    # -- catalog -------------------------------------------------------------------------------
     def _types_in(self, region: str) -> Sequence[ZoneType]:
-        now = self._clock()
-        with self._lock:
-            cached = self._zone_types.get(region)
-        if cached is not None and now - cached[0] < self._catalog_ttl_s:
-            return cached[1]
-        found = discover(self._client_for(region), region=region, zones=self.zones, retry=self._retry)
-        with self._lock:
-            self._zone_types[region] = (now, found)
-        return found
+        return self._cached_catalog(region, lambda: discover(self._client_for(region), region=region,
+                                                             zones=self.zones, retry=self._retry))
 
     def _type_names(self, region: str) -> set[str]:
         return {t.catalog.instance_type for t in self._types_in(region)}
@@ -188,38 +167,26 @@ class AwsProvider:
         return out
 
     # -- launch --------------------------------------------------------------------------------
-    def _check(self, request: LaunchRequest) -> Where:
-        o = request.offering
-        where = Where(region=o.region, zone=o.zone, instance_type=o.instance_type)
-
-        def bad(message: str) -> InvalidRequest:
-            return InvalidRequest(message, cloud=CLOUD, region=o.region, zone=o.zone, instance_type=o.instance_type)
-
+    def _offering_problem(self, o: Offering) -> str | None:
         if o.cloud != CLOUD:
-            raise bad(f"offering {o.key} is not an AWS offering")
+            return f"offering {o.key} is not an AWS offering"
         if o.region not in self.regions:
-            raise bad(f"region {o.region} is not one of this provider's regions {list(self.regions)}")
+            return f"region {o.region} is not one of this provider's regions {list(self.regions)}"
         if self.zones is not None and o.zone not in self.zones:
-            raise bad(f"zone {o.zone} is not one of this provider's zones {sorted(self.zones)}")
+            return f"zone {o.zone} is not one of this provider's zones {sorted(self.zones)}"
         if o.instance_type not in catalog_types():
-            raise bad(f"instance type {o.instance_type} is not in the spotrain catalog")
-        if request.market not in MARKETS:
-            raise bad(f"market {request.market!r} must be one of {list(MARKETS)}")
-        token = request.decision_id
+            return f"instance type {o.instance_type} is not in the spotrain catalog"
+        return None
+
+    def _decision_problem(self, decision_id: str) -> str | None:
+        token = decision_id
         if not token or len(token) > 64 or not token.isascii() or not token.isprintable():
-            raise bad(f"decision_id {token!r} must be 1-64 printable ASCII characters (EC2 ClientToken)")
-        if request.tags.get(TAG_CONTROLLER, self.controller_id) != self.controller_id:
-            raise bad(f"tag {TAG_CONTROLLER}={request.tags[TAG_CONTROLLER]!r} is not this controller "
-                      f"({self.controller_id!r})")
-        return where
+            return f"decision_id {token!r} must be 1-64 printable ASCII characters (EC2 ClientToken)"
+        return None
 
     def _launch_tags(self, request: LaunchRequest, price_usd_per_hour: float) -> dict[str, str]:
-        tags = dict(request.tags)
-        tags.setdefault(TAG_CONTROLLER, self.controller_id)
-        tags.setdefault(TAG_MARKET, request.market)
-        tags.setdefault(TAG_DECISION, request.decision_id)
+        tags = super()._launch_tags(request, price_usd_per_hour)
         tags.setdefault("Name", f"spotrain-{tags.get(TAG_JOB, 'instance')}")
-        tags[TAG_PRICE] = f"{price_usd_per_hour:.6f}"
         return tags
 
     def find_decision(self, region: str, decision_id: str) -> Instance | None:
@@ -241,13 +208,8 @@ class AwsProvider:
         if request.market == SPOT:
             live = self._prices.price(o.region, o.zone, o.instance_type, lambda: self._type_names(o.region))
             price = min(live, price) if live is not None else price
-        config = dict(self._boot_config_for(request)) if self._boot_config_for else {
-            "job_id": request.tags.get(TAG_JOB, ""),
-            "decision_id": request.decision_id,
-            "controller_id": self.controller_id,
-        }
         try:
-            user_data = userdata.render(config, self._agent_boot)
+            user_data = userdata.render(self._boot_config(request), self._agent_boot)
         except ValueError as exc:
             raise InvalidRequest(str(exc), cloud=CLOUD, region=o.region, zone=o.zone,
                                  instance_type=o.instance_type) from exc
@@ -346,7 +308,7 @@ class AwsProvider:
                 notices[str(req["InstanceId"])] = start + SPOT_NOTICE_S
         return notices
 
-    def poll(self) -> Sequence[Instance]:
+    def _listed_now(self) -> dict[str, Instance]:
         current: dict[str, Instance] = {}
         for region in self.regions:
             records = _describe_all(self._client_for(region), region=region, retry=self._retry,
@@ -355,6 +317,9 @@ class AwsProvider:
             for r in records:
                 inst = self._convert(r, region, notices.get(str(r["InstanceId"])))
                 current[inst.instance_id] = inst
+        return current
+
+    def _vanished(self, current: Mapping[str, Instance]) -> list[Instance]:
         now = self._clock()
         changed: list[Instance] = []
         with self._lock:
@@ -370,40 +335,20 @@ class AwsProvider:
                     del self._seen[instance_id]
                 elif not old.alive:
                     del self._seen[instance_id]
-            for instance_id, inst in current.items():
-                prev = self._seen.get(instance_id)
-                if prev is None or (prev.state, prev.interruption, prev.notice_deadline_s) != (
-                    inst.state, inst.interruption, inst.notice_deadline_s
-                ):
-                    changed.append(inst)
-                self._seen[instance_id] = inst
         return changed
 
     # -- money and boot config -----------------------------------------------------------------
-    def billing(self, instance: Instance) -> Billing:
-        with self._lock:
-            ended = instance.terminated_at_s or self._ended_at_s.get(instance.instance_id)
-        end_s = ended if ended is not None else self._clock()
-        lifetime_s = max(0.0, end_s - instance.launched_at_s)
-        billed_s = max(lifetime_s, MIN_BILLED_S)
+    def _on_demand_price(self, instance: Instance) -> float:
         info = find(CLOUD, instance.instance_type)
         if info is None:
             raise InvalidRequest(f"instance type {instance.instance_type} is not in the spotrain catalog",
                                  cloud=CLOUD, region=instance.region, zone=instance.zone,
                                  instance_type=instance.instance_type)
-        on_demand = info.on_demand_price_usd_per_hour
-        price = on_demand
-        if instance.market == SPOT:
-            try:
-                tagged: float | None = float(instance.tags[TAG_PRICE])
-            except (KeyError, ValueError):
-                tagged = None
-            if tagged is None:
-                tagged = self._prices.price(instance.region, instance.zone, instance.instance_type,
-                                            lambda: self._type_names(instance.region))
-            price = min(tagged, on_demand) if tagged is not None else on_demand
-        return Billing(billed_seconds=billed_s, cost_usd=billed_s * price / 3600.0,
-                       on_demand_cost_usd=billed_s * on_demand / 3600.0)
+        return info.on_demand_price_usd_per_hour
+
+    def _spot_price(self, instance: Instance) -> float | None:
+        return self._prices.price(instance.region, instance.zone, instance.instance_type,
+                                  lambda: self._type_names(instance.region))
 
     def boot_config(self, instance: Instance) -> dict[str, Any]:
         """The agent config in the instance's user data (what the local executor runs under moto)."""

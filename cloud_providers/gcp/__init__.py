@@ -8,50 +8,16 @@ fake (tests/gcp/fake_compute.py).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..aws.errors import RetryPolicy
-from ..aws.failover import FailoverResult, launch_with_failover
+from ..failover import FailoverResult, launch_with_failover
+from ..retry import RetryPolicy
+from ..settings import check_settings, split_list, spot_prices_from_env
 from ._google import default_credentials, require_sdk, split_endpoint
 from .provider import DEFAULT_IMAGE, GcpProvider, instance_name, request_id
 from .userdata import AgentBoot
-
-_SETTINGS = frozenset(
-    {
-        "project",
-        "controller_id",
-        "regions",
-        "zones",
-        "client_factory",
-        "credentials",
-        "endpoint",
-        "image",
-        "network",
-        "subnetwork",
-        "external_ip",
-        "service_account",
-        "disk_size_gb",
-        "machine_types",
-        "spot_price_overrides",
-        "catalog_ttl_s",
-        "boot_config_for",
-        "agent_boot",
-        "retry",
-        "clock",
-        "operation_timeout_s",
-        "terminated_retention_s",
-    }
-)
-
-
-def _split(value: Any) -> Any:
-    """Accept "us-central1-a,us-central1-b" from a command line or environment as well as a list."""
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return value
 
 
 def make_provider(**settings: Any) -> GcpProvider:
@@ -72,11 +38,7 @@ def make_provider(**settings: Any) -> GcpProvider:
     Credentials are checked here, once: without any, ``CredentialsError`` in one line. Without the SDK
     installed it raises ``SdkMissing`` (a ValueError too), naming ``spotrain[gcp]``.
     """
-    unknown = sorted(set(settings) - _SETTINGS)
-    if unknown:
-        raise ValueError(f"unknown GCP provider setting(s): {', '.join(unknown)}")
-    if "controller_id" not in settings:
-        raise ValueError("GCP provider setting controller_id is required")
+    check_settings("GCP", settings, GcpProvider)
     kwargs: dict[str, Any] = dict(settings)
     env: Mapping[str, str] = os.environ
     if kwargs.get("client_factory") is None:
@@ -98,15 +60,9 @@ def make_provider(**settings: Any) -> GcpProvider:
             kwargs[key] = env[var]
     for key in ("regions", "zones", "machine_types"):
         if kwargs.get(key) is not None:
-            kwargs[key] = _split(kwargs[key])
-    if kwargs.get("spot_price_overrides") is None and env.get("SPOTRAIN_GCP_SPOT_PRICES"):
-        try:
-            prices = json.loads(env["SPOTRAIN_GCP_SPOT_PRICES"])
-            kwargs["spot_price_overrides"] = {str(k): float(v) for k, v in prices.items()}
-        except (ValueError, AttributeError, TypeError) as exc:
-            raise ValueError(
-                "SPOTRAIN_GCP_SPOT_PRICES must be a JSON object of prices, e.g. {\"g2-standard-4\": 0.25}"
-            ) from exc
+            kwargs[key] = split_list(kwargs[key])
+    if kwargs.get("spot_price_overrides") is None:
+        kwargs["spot_price_overrides"] = spot_prices_from_env(env, "SPOTRAIN_GCP_SPOT_PRICES", '{"g2-standard-4": 0.25}')
     return GcpProvider(**kwargs)
 
 

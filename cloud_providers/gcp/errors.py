@@ -1,10 +1,10 @@
 """Translate Google SDK errors into ``cloud_providers.errors`` where they enter, and retry throttling.
 
-The twin of ``aws/errors.py``. Every Compute call of the provider goes through ``call()``: it retries
-throttling, transient server errors and network errors with capped exponential backoff and *full
-jitter* (``RetryPolicy``, shared with AWS: sleep ~ U(0, min(cap, base * 2**attempt)), Brooker,
-"Exponential Backoff And Jitter", 2015), and translates what remains to the most specific
-``ProviderError``, ``raise ... from exc``. Compute reports failures in two places, both handled here:
+The twin of ``aws/errors.py``. Every Compute call of the provider goes through ``call()``: the shared
+loop of ``cloud_providers/retry.py`` (``RetryPolicy``, the same as AWS's) retries throttling, transient
+server errors and network errors with capped exponential backoff and full jitter, and what remains is
+translated here to the most specific ``ProviderError``, ``raise ... from exc``. Compute reports
+failures in two places, both handled here:
 
 * the HTTP response of the call (``google.api_core.exceptions``; the reason is in ``errors[].reason``)
 * the zone operation a mutation returns, once it is DONE (``operation.error.errors[].code``): a
@@ -31,11 +31,9 @@ docs/gcp.md), not the SDK's text, and for the rest we keep the API's own first-l
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..aws.errors import RetryPolicy
 from ..errors import (
     CapacityUnavailable,
     CredentialsError,
@@ -44,6 +42,7 @@ from ..errors import (
     QuotaExceeded,
     Throttled,
 )
+from ..retry import RetryPolicy, Where, retrying
 from ._google import CREDENTIALS_HINT, api_exceptions, auth_exceptions, sdk_errors
 
 T = TypeVar("T")
@@ -64,29 +63,6 @@ THROTTLE_CODES = frozenset(
 )
 TRANSIENT_STATUS = frozenset({500, 502, 503, 504})
 API_DISABLED_REASONS = frozenset({"accessNotConfigured", "SERVICE_DISABLED"})
-
-
-@dataclasses.dataclass(frozen=True)
-class Where:
-    """Where a call happened: copied into every error so the caller can fail over."""
-
-    region: str | None = None
-    zone: str | None = None
-    instance_type: str | None = None
-
-
-def _kwargs(where: Where, attempts: int) -> dict[str, Any]:
-    return {
-        "cloud": CLOUD,
-        "region": where.region,
-        "zone": where.zone,
-        "instance_type": where.instance_type,
-        "attempts": attempts,
-    }
-
-
-def _place(where: Where) -> str:
-    return "/".join(p for p in (CLOUD, where.zone or where.region, where.instance_type) if p)
 
 
 def _first_line(text: str) -> str:
@@ -143,8 +119,8 @@ def translate(
     """The most specific ProviderError for an SDK exception (the caller raises it ``from exc``)."""
     api = api_exceptions()
     auth = auth_exceptions()
-    kw = _kwargs(where, attempts)
-    place = _place(where)
+    kw = where.error_kwargs(CLOUD, attempts)
+    place = where.place(CLOUD)
     if isinstance(exc, auth.DefaultCredentialsError):
         return CredentialsError(CREDENTIALS_HINT, **kw)
     if isinstance(exc, auth.RefreshError):
@@ -203,8 +179,8 @@ def translate_operation(
     """The ProviderError for a zone operation that finished with ``errors`` (``(code, message)``)."""
     errors = list(errors)
     codes = [c for c, _ in errors]
-    kw = _kwargs(where, 1)
-    place = _place(where)
+    kw = where.error_kwargs(CLOUD)
+    place = where.place(CLOUD)
     first_code, first_message = errors[0] if errors else ("UNKNOWN", "")
     for code, message in errors:
         if code in CAPACITY_CODES:
@@ -240,20 +216,12 @@ def call(
     """Call ``fn(**kwargs)`` (the SDK's own retry turned off), retrying throttling, 5xx and network errors;
     translate the rest.
 
-    Only the SDK's exception types are caught (never a bare ``Exception``): anything else is a bug in
-    our code and must surface as itself.
+    Only the SDK's exception types are caught.
     """
-    errors = sdk_errors()
-    attempt = 1
-    while True:
-        try:
-            return fn(retry=None, timeout=timeout_s, **kwargs)
-        except errors as exc:
-            if retryable(exc) and attempt < retry.max_attempts:
-                retry.sleep(retry.delay_s(attempt))
-                attempt += 1
-                continue
-            raise translate(exc, operation=operation, where=where, attempts=attempt, not_found=not_found) from exc
+    return retrying(lambda: fn(retry=None, timeout=timeout_s, **kwargs), retry=retry, sdk_errors=sdk_errors(),
+                    retryable=retryable,
+                    translate=lambda exc, attempts: translate(exc, operation=operation, where=where,
+                                                              attempts=attempts, not_found=not_found))
 
 
 __all__ = [

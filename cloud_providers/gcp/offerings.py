@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from ..aws.errors import RetryPolicy
+from ..retry import RetryPolicy, Where
 from .catalog import ACCELERATOR_TYPES, TYPES, GcpType, region_of
-from .errors import Where, call
+from .errors import call
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,26 +30,24 @@ overridden, capped at on-demand.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..aws.errors import RetryPolicy
 from ..base import (
-    MARKETS,
     SPOT,
     TAG_CONTROLLER,
-    TAG_DECISION,
     TAG_JOB,
     TAG_MARKET,
-    Billing,
+    TAG_PRICE,
     Instance,
     InstanceState,
     LaunchRequest,
     Offering,
 )
+from ..cloud_base import BootConfigFor, CloudProviderBase
 from ..errors import InstanceNotFound, InvalidRequest, ProviderError
+from ..retry import RetryPolicy, Where
 from . import userdata
 from ._google import (
     ACCELERATOR_TYPES,
@@ -62,7 +60,7 @@ from ._google import (
 )
 from ._google import compute as sdk
 from .catalog import DEFAULT_REGIONS, ZONES, GcpType, find_type, region_of
-from .errors import CLOUD, Where, call, operation_error_codes, translate_operation
+from .errors import CLOUD, call, operation_error_codes, translate_operation
 from .instances import INTERRUPTION_PREEMPTION, NOTICE_S, parse_time, to_instance
 from .labels import decode_labels, encode_tags, label_filter
 from .names import instance_name, named_for, request_id
@@ -71,10 +69,7 @@ from .offerings import ZoneType, discover
 # Google's Deep Learning VM image with PyTorch and the NVIDIA driver (see docs/gcp.md).
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-latest-gpu"
 MIN_BILLED_S = 60.0
-TAG_PRICE = "spotrain-price-usd-per-hour"
 PREEMPTED_OPERATION = "compute.instances.preempted"
-
-BootConfigFor = Callable[[LaunchRequest], Mapping[str, Any]]
 
 
 def _status(op: Any) -> str:
@@ -90,7 +85,7 @@ def _override(overrides: Mapping[str, float], zone: str, t: GcpType) -> float | 
     return None
 
 
-class GcpProvider:
+class GcpProvider(CloudProviderBase):
     """Compute Engine Spot and on-demand GPU VMs of ``project`` in ``zones`` (default: the bundled GPU
     zones of ``regions``).
 
@@ -157,8 +152,9 @@ class GcpProvider:
                              "disk_size_gb >= 10")
         if not image:
             raise ValueError("image must name a boot image (projects/<p>/global/images/[family/]<name>)")
+        super().__init__(controller_id=controller_id, retry=retry, clock=clock, catalog_ttl_s=catalog_ttl_s,
+                         boot_config_for=boot_config_for)
         self.project = project
-        self.controller_id = controller_id
         self.zones = tuple(dict.fromkeys(zones))
         self.regions = tuple(dict.fromkeys(region_of(z) for z in self.zones))
         self.image = image
@@ -167,37 +163,20 @@ class GcpProvider:
         self._service_account, self._disk_size_gb = service_account, disk_size_gb
         self._machine_types = frozenset(machine_types) if machine_types is not None else None
         self._overrides = dict(spot_price_overrides or {})
-        self._catalog_ttl_s = catalog_ttl_s
-        self._boot_config_for = boot_config_for
         self._agent_boot = agent_boot or userdata.AgentBoot()
-        self._retry = retry or RetryPolicy()
-        self._clock = clock
         self._operation_timeout_s = operation_timeout_s
         self._retention_s = terminated_retention_s
-        self._lock = threading.Lock()
-        self._zone_types: dict[str, tuple[float, Sequence[ZoneType]]] = {}
         self._zone_of: dict[str, str] = {}
         self._deleted_at: dict[str, float] = {}
-        self._ended_at: dict[str, float] = {}
+        # Every instance seen (listed or polled) until ``terminated_retention_s`` after its end.
         self._known: dict[str, Instance] = {}
-        self._seen: dict[str, Instance] = {}
         self._scanned_preemptions = False
 
-    # -- clock and catalog ---------------------------------------------------------------------
-    def now_s(self) -> float:
-        return self._clock()
-
+    # -- catalog -------------------------------------------------------------------------------
     def _types_in(self, zone: str) -> Sequence[ZoneType]:
-        now = self._clock()
-        with self._lock:
-            cached = self._zone_types.get(zone)
-        if cached is not None and now - cached[0] < self._catalog_ttl_s:
-            return cached[1]
-        found = discover(machine_types=self._client(MACHINE_TYPES), accelerator_types=self._client(ACCELERATOR_TYPES),
-                         project=self.project, zone=zone, retry=self._retry, only=self._machine_types)
-        with self._lock:
-            self._zone_types[zone] = (now, found)
-        return found
+        return self._cached_catalog(zone, lambda: discover(
+            machine_types=self._client(MACHINE_TYPES), accelerator_types=self._client(ACCELERATOR_TYPES),
+            project=self.project, zone=zone, retry=self._retry, only=self._machine_types))
 
     def spot_price(self, zone: str, t: GcpType) -> float:
         """The Spot price of a catalog entry in a zone (an override, else the bundled list price)."""
@@ -218,28 +197,19 @@ class GcpProvider:
         return out
 
     # -- launch --------------------------------------------------------------------------------
-    def _check(self, request: LaunchRequest) -> tuple[Where, GcpType]:
-        o = request.offering
-        where = Where(region=o.region, zone=o.zone, instance_type=o.instance_type)
-
-        def bad(message: str) -> InvalidRequest:
-            return InvalidRequest(message, cloud=CLOUD, region=o.region, zone=o.zone, instance_type=o.instance_type)
-
+    def _offering_problem(self, o: Offering) -> str | None:
         if o.cloud != CLOUD:
-            raise bad(f"offering {o.key} is not a GCP offering")
+            return f"offering {o.key} is not a GCP offering"
         if o.zone not in self.zones:
-            raise bad(f"zone {o.zone} is not one of this provider's zones {list(self.zones)}")
-        entry = find_type(o.instance_type, o.accelerator, o.gpus)
-        if entry is None:
-            raise bad(f"{o.instance_type} with {o.accelerator}:{o.gpus} is not in the spotrain GCP catalog")
-        if request.market not in MARKETS:
-            raise bad(f"market {request.market!r} must be one of {list(MARKETS)}")
-        if not request.decision_id or not request.decision_id.isprintable():
-            raise bad(f"decision_id {request.decision_id!r} must be a non-empty printable string")
-        if request.tags.get(TAG_CONTROLLER, self.controller_id) != self.controller_id:
-            raise bad(f"tag {TAG_CONTROLLER}={request.tags[TAG_CONTROLLER]!r} is not this controller "
-                      f"({self.controller_id!r})")
-        return where, entry
+            return f"zone {o.zone} is not one of this provider's zones {list(self.zones)}"
+        if find_type(o.instance_type, o.accelerator, o.gpus) is None:
+            return f"{o.instance_type} with {o.accelerator}:{o.gpus} is not in the spotrain GCP catalog"
+        return None
+
+    def _decision_problem(self, decision_id: str) -> str | None:
+        if not decision_id or not decision_id.isprintable():
+            return f"decision_id {decision_id!r} must be a non-empty printable string"
+        return None
 
     def _resource(self, request: LaunchRequest, name: str, entry: GcpType, labels: Mapping[str, str],
                   items: Mapping[str, str]) -> Any:
@@ -276,24 +246,14 @@ class GcpProvider:
         return resource
 
     def _launch_labels(self, request: LaunchRequest, where: Where, price_usd_per_hour: float) -> dict[str, str]:
-        tags = dict(request.tags)
-        tags.setdefault(TAG_CONTROLLER, self.controller_id)
-        tags.setdefault(TAG_MARKET, request.market)
-        tags.setdefault(TAG_DECISION, request.decision_id)
-        tags[TAG_PRICE] = f"{price_usd_per_hour:.6f}"
         try:
-            return encode_tags(tags)
+            return encode_tags(self._launch_tags(request, price_usd_per_hour))
         except InvalidRequest as exc:
             raise InvalidRequest(exc.message, **_where_kw(where)) from exc
 
     def _boot_items(self, request: LaunchRequest, where: Where) -> dict[str, str]:
-        config = dict(self._boot_config_for(request)) if self._boot_config_for else {
-            "job_id": request.tags.get(TAG_JOB, ""),
-            "decision_id": request.decision_id,
-            "controller_id": self.controller_id,
-        }
         try:
-            items = userdata.render(config, self._agent_boot)
+            items = userdata.render(self._boot_config(request), self._agent_boot)
         except ValueError as exc:
             raise InvalidRequest(str(exc), **_where_kw(where)) from exc
         # Google's Deep Learning VM images install the NVIDIA driver on first boot when asked.
@@ -310,8 +270,10 @@ class GcpProvider:
             return None
 
     def launch(self, request: LaunchRequest) -> Instance:
-        where, entry = self._check(request)
+        where = self._check(request)
         o = request.offering
+        entry = find_type(o.instance_type, o.accelerator, o.gpus)
+        assert entry is not None  # _check made sure
         name = instance_name(request.decision_id, request.tags.get(TAG_JOB), controller_id=self.controller_id)
         existing = self.get_record(o.zone, name)
         if existing is not None:
@@ -349,7 +311,7 @@ class GcpProvider:
                         interruption=INTERRUPTION_PREEMPTION if request.market == SPOT else None, offering_key=o.key)
         with self._lock:
             self._zone_of[name] = o.zone
-            self._ended_at.setdefault(name, gone.terminated_at_s or now)
+            self._ended_at_s.setdefault(name, gone.terminated_at_s or now)
             self._known[name] = gone
         return gone
 
@@ -378,14 +340,14 @@ class GcpProvider:
         name = str(record.name)
         now = self._clock()
         with self._lock:
-            deleted, ended, prior = self._deleted_at.get(name), self._ended_at.get(name), self._known.get(name)
+            deleted, ended, prior = self._deleted_at.get(name), self._ended_at_s.get(name), self._known.get(name)
         instance = to_instance(record, now_s=now, deleted_at_s=deleted, ended_at_s=ended)
         if prior is not None and prior.interruption and instance.interruption is None:
             instance = dataclasses.replace(instance, interruption=prior.interruption)
         with self._lock:
             self._zone_of[name] = instance.zone
             if instance.terminated_at_s is not None:
-                self._ended_at.setdefault(name, instance.terminated_at_s)
+                self._ended_at_s.setdefault(name, instance.terminated_at_s)
             self._known[name] = instance
             if seen:
                 self._seen[name] = instance
@@ -396,7 +358,7 @@ class GcpProvider:
         now = self._clock()
         name = old.instance_id
         with self._lock:
-            ended = self._ended_at.get(name) or self._deleted_at.get(name)
+            ended = self._ended_at_s.get(name) or self._deleted_at.get(name)
             deleted = name in self._deleted_at
         if ended is None:
             ended = min(old.notice_deadline_s, now) if old.notice_deadline_s is not None else now
@@ -406,7 +368,7 @@ class GcpProvider:
         gone = dataclasses.replace(old, state=InstanceState.TERMINATED, terminated_at_s=max(ended, old.launched_at_s),
                                    notice_deadline_s=None, interruption=interruption)
         with self._lock:
-            self._ended_at.setdefault(name, gone.terminated_at_s or now)
+            self._ended_at_s.setdefault(name, gone.terminated_at_s or now)
             self._known[name] = gone
         return gone
 
@@ -415,7 +377,7 @@ class GcpProvider:
         with self._lock:
             for name, inst in list(self._known.items()):
                 if not inst.alive and (inst.terminated_at_s or 0.0) < cutoff:
-                    for table in (self._known, self._deleted_at, self._ended_at, self._zone_of):
+                    for table in (self._known, self._deleted_at, self._ended_at_s, self._zone_of):
                         table.pop(name, None)
 
     def _records(self, tags: Mapping[str, str]) -> list[Any]:
@@ -494,15 +456,17 @@ class GcpProvider:
                                 terminated_at_s=min(began + NOTICE_S, now), interruption=INTERRUPTION_PREEMPTION)
                 with self._lock:
                     self._zone_of[name] = zone
-                    self._ended_at.setdefault(name, gone.terminated_at_s or now)
+                    self._ended_at_s.setdefault(name, gone.terminated_at_s or now)
                     self._known[name] = gone
                 out.append(gone)
         self._scanned_preemptions = True
         return out
 
-    def poll(self) -> Sequence[Instance]:
+    def _listed_now(self) -> dict[str, Instance]:
         self._forget_old()
-        current = {i.instance_id: i for i in (self._observe(r) for r in self._records({TAG_CONTROLLER: self.controller_id}))}
+        return {i.instance_id: i for i in (self._observe(r) for r in self._records({TAG_CONTROLLER: self.controller_id}))}
+
+    def _vanished(self, current: Mapping[str, Instance]) -> list[Instance]:
         changed: list[Instance] = []
         with self._lock:
             vanished = [old for name, old in self._seen.items() if name not in current]
@@ -514,37 +478,20 @@ class GcpProvider:
                 changed.append(self._gone(old))
             with self._lock:
                 self._seen.pop(old.instance_id, None)
-        with self._lock:
-            for name, inst in current.items():
-                prev = self._seen.get(name)
-                if prev is None or (prev.state, prev.interruption, prev.notice_deadline_s) != (
-                    inst.state, inst.interruption, inst.notice_deadline_s
-                ):
-                    changed.append(inst)
-                self._seen[name] = inst
         return changed
 
     # -- money and boot config -----------------------------------------------------------------
-    def billing(self, instance: Instance) -> Billing:
-        with self._lock:
-            ended = instance.terminated_at_s or self._ended_at.get(instance.instance_id)
-        end_s = ended if ended is not None else self._clock()
-        billed_s = max(max(0.0, end_s - instance.launched_at_s), MIN_BILLED_S)
+    def _on_demand_price(self, instance: Instance) -> float:
         entry = _entry_of(instance)
         if entry is None:
             raise InvalidRequest(f"instance {instance.instance_id} ({instance.instance_type}) is not in the spotrain "
                                  f"GCP catalog", cloud=CLOUD, region=instance.region, zone=instance.zone,
                                  instance_type=instance.instance_type)
-        on_demand = entry.on_demand_price_usd_per_hour
-        price = on_demand
-        if instance.market == SPOT:
-            try:
-                tagged = float(instance.tags[TAG_PRICE])
-            except (KeyError, ValueError):
-                tagged = self.spot_price(instance.zone, entry)
-            price = min(tagged, on_demand)
-        return Billing(billed_seconds=billed_s, cost_usd=billed_s * price / 3600.0,
-                       on_demand_cost_usd=billed_s * on_demand / 3600.0)
+        return entry.on_demand_price_usd_per_hour
+
+    def _spot_price(self, instance: Instance) -> float | None:
+        entry = _entry_of(instance)
+        return self.spot_price(instance.zone, entry) if entry is not None else None
 
     def boot_config(self, instance: Instance) -> dict[str, Any]:
         """The agent config in the instance's metadata (what its startup script hands the agent)."""
@@ -572,4 +519,4 @@ def _entry_of(instance: Instance) -> GcpType | None:
     return find_type(instance.instance_type)
 
 
-__all__ = ["BootConfigFor", "DEFAULT_IMAGE", "GcpProvider", "instance_name", "request_id"]
+__all__ = ["BootConfigFor", "DEFAULT_IMAGE", "GcpProvider", "MIN_BILLED_S", "TAG_PRICE", "instance_name", "request_id"]

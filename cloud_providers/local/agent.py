@@ -17,16 +17,17 @@ can keep talking to its controller while a long ``setup`` runs. Two agents use i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
+
+from ..launch import WorkerLaunch
 
 PHASE_IDLE = "idle"
 PHASE_SETUP = "setup"
@@ -45,38 +46,23 @@ def exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GangLaunch:
-    """What one machine runs for one gang attempt. ``env`` is the whole base environment of the ranks
-    (the caller decides what it inherits); the rank variables are added per rank."""
-
-    attempt: int
-    run: str
-    setup: str | None
-    cwd: str
-    ranks: Sequence[int]
-    world_size: int
-    master_addr: str
-    master_port: int
-    env: Mapping[str, str]
-    log_dir: Path
-    setup_marker: Path
-    setup_log: Path
-    # Ranks (and setup) in process groups of their own, so ``kill`` reaches their children too.
-    own_process_group: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.ranks:
-            raise ValueError("a gang launch needs at least one rank")
-        if self.world_size < len(self.ranks):
-            raise ValueError(f"world_size {self.world_size} is smaller than the {len(self.ranks)} local ranks")
-
-
 class Gang:
-    """The ranks of one gang attempt on one machine: setup once, then one process per local rank."""
+    """The ranks of one gang attempt on one machine: setup once, then one process per local rank.
 
-    def __init__(self, launch: GangLaunch) -> None:
+    ``launch`` as this machine runs it: ``env`` is the ranks' whole base environment (the caller decides
+    what it inherits; the rank variables are added per rank), ``cwd`` where they run and ``log_dir``
+    where their logs go. ``setup_marker`` remembers that this machine ran the job's setup, whose output
+    goes to ``setup_log``. With ``own_process_group``, the ranks (and setup) run in process groups of
+    their own, so ``kill`` reaches their children too.
+    """
+
+    def __init__(self, launch: WorkerLaunch, *, setup_marker: Path, setup_log: Path,
+                 own_process_group: bool = False) -> None:
         self.launch = launch
+        self.log_dir = Path(launch.log_dir)
+        self.setup_marker = setup_marker
+        self.setup_log = setup_log
+        self.own_process_group = own_process_group
         self.phase = PHASE_IDLE
         self.exit_codes: dict[int, int] = {}
         self.setup_failed = False
@@ -87,7 +73,7 @@ class Gang:
     # ----- starting -----
     def _popen(self, argv: list[str], env: Mapping[str, str], log: IO[bytes], *, group: int | None) -> subprocess.Popen[bytes]:
         # process_group=0 makes a new group led by the child; None leaves it in the caller's group.
-        pgroup = (0 if group is None else group) if self.launch.own_process_group else None
+        pgroup = (0 if group is None else group) if self.own_process_group else None
         return subprocess.Popen(argv, cwd=self.launch.cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, process_group=pgroup)
 
@@ -95,10 +81,10 @@ class Gang:
         """Start the setup (if this machine has not run it yet) or the ranks. Never blocks."""
         if self.phase != PHASE_IDLE:
             return
-        self.launch.log_dir.mkdir(parents=True, exist_ok=True)
-        if self.launch.setup and not self.launch.setup_marker.exists():
-            self.launch.setup_log.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.launch.setup_log, "ab") as log:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.launch.setup and not self.setup_marker.exists():
+            self.setup_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.setup_log, "ab") as log:
                 self._setup = self._popen(["bash", "-c", self.launch.setup], self.launch.env, log, group=None)
             self.phase = PHASE_SETUP
             return
@@ -117,10 +103,10 @@ class Gang:
                 "MASTER_ADDR": la.master_addr,
                 "MASTER_PORT": str(la.master_port),
             }
-            with open(la.log_dir / f"attempt-{la.attempt}-rank-{r}.log", "ab") as log:
+            with open(self.log_dir / f"attempt-{la.attempt}-rank-{r}.log", "ab") as log:
                 proc = self._popen(["bash", "-c", la.run], env, log, group=group)
             self._children[r] = proc
-            if la.own_process_group and group is None:
+            if self.own_process_group and group is None:
                 group = self._pgid = proc.pid
         self.phase = PHASE_RUNNING
 
@@ -143,8 +129,8 @@ class Gang:
                 self.exit_codes = {r: exit_code(rc) for r in self.launch.ranks}
                 self.phase = PHASE_EXITED
                 return True
-            self.launch.setup_marker.parent.mkdir(parents=True, exist_ok=True)
-            self.launch.setup_marker.write_text("ok")
+            self.setup_marker.parent.mkdir(parents=True, exist_ok=True)
+            self.setup_marker.write_text("ok")
             self._start_ranks()
         if self.phase == PHASE_RUNNING:
             for r, p in self._children.items():
@@ -171,7 +157,7 @@ class Gang:
         wait for them, so a port or a GPU they held is free when this returns."""
         procs = [p for p in [self._setup, *self._children.values()] if p is not None]
         groups = {self._pgid} if self._pgid else set()
-        if self._setup is not None and self.launch.own_process_group:
+        if self._setup is not None and self.own_process_group:
             groups.add(self._setup.pid)
         for pgid in groups:
             try:
@@ -201,21 +187,11 @@ def main(config_path: str) -> int:
     """The local agent: run one (instance, attempt) to the end, recording exits in files."""
     cfg = json.loads(Path(config_path).read_text())
     adir = Path(cfg["attempt_dir"])
+    launch = WorkerLaunch.model_validate(cfg)
     gang = Gang(
-        GangLaunch(
-            attempt=int(cfg["attempt"]),
-            run=cfg["run"],
-            setup=cfg.get("setup"),
-            cwd=cfg["cwd"],
-            ranks=[int(r) for r in cfg["ranks"]],
-            world_size=int(cfg["world_size"]),
-            master_addr=cfg["master_addr"],
-            master_port=int(cfg["master_port"]),
-            env={**os.environ, **cfg["env"]},
-            log_dir=Path(cfg["log_dir"]),
-            setup_marker=Path(cfg["instance_dir"]) / "setup.done",
-            setup_log=Path(cfg["log_dir"]) / f"setup-{cfg['instance_id']}.log",
-        )
+        launch.with_(env={**os.environ, **launch.env}),
+        setup_marker=Path(cfg["instance_dir"]) / "setup.done",
+        setup_log=Path(launch.log_dir) / f"setup-{launch.instance_id}.log",
     )
     signal.signal(signal.SIGTERM, lambda signum, _frame: gang.send_signal(signum))
     gang.start()

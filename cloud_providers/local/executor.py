@@ -87,20 +87,11 @@ class LocalExecutor:
         env.setdefault("PYTHONUNBUFFERED", "1")
         # `python` in the user's command must be the interpreter spotrain runs under.
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        # The launch itself (``WorkerLaunch``, which the agent reads back), and where this machine keeps its state.
         cfg = {
-            "instance_id": launch.instance_id,
+            **launch.with_(env=env).model_dump(mode="json"),
             "instance_dir": str(self._idir(launch.instance_id)),
             "attempt_dir": str(adir),
-            "attempt": launch.attempt,
-            "run": launch.run,
-            "setup": launch.setup,
-            "cwd": launch.cwd,
-            "ranks": list(launch.ranks),
-            "world_size": launch.world_size,
-            "master_addr": launch.master_addr,
-            "master_port": launch.master_port,
-            "env": env,
-            "log_dir": launch.log_dir,
         }
         cfg_path = adir / "agent.json"
         _write_atomic(cfg_path, json.dumps(cfg))

@@ -46,7 +46,8 @@ import httpx
 
 from ..errors import ProviderError
 from ..jobfiles import JobFileReader
-from ..local.agent import PHASE_EXITED, PHASE_SETUP, Gang, GangLaunch
+from ..launch import WorkerLaunch
+from ..local.agent import PHASE_EXITED, PHASE_SETUP, Gang
 from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
 from .config import AgentConfig
 from .metadata import MetadataError, NoticeSource, sources_for
@@ -64,7 +65,6 @@ from .wire import (
     STATE_STOPPED,
     Assignment,
     OutputChunk,
-    RankAssignment,
     Report,
     WireError,
     signed_headers,
@@ -295,7 +295,7 @@ class Agent:
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.gang: Gang | None = None
-        self.launch: RankAssignment | None = None
+        self.launch: WorkerLaunch | None = None
         self.attempt = 0
         self.stopped = False
         self.terminating = False
@@ -337,7 +337,7 @@ class Agent:
         return self._attempt_dir(self.attempt) / "progress.json"
 
     # ----- acting on the assignment -----
-    def _start(self, la: RankAssignment) -> None:
+    def _start(self, la: WorkerLaunch) -> None:
         if self.gang is not None and self.gang.phase != PHASE_EXITED:
             self.gang.kill()  # one gang per instance: the old one must free its ports first
         self.launch, self.attempt, self.stopped, self._notice_written = la, la.attempt, False, False
@@ -359,13 +359,12 @@ class Agent:
             cwd = self._workdir(la)
         except WorkdirError as exc:
             cwd, problem = la.cwd, f"spotrain agent: {exc}"
-        self.gang = Gang(GangLaunch(
-            attempt=la.attempt, run=la.run, setup=la.setup, cwd=cwd, ranks=la.ranks, world_size=la.world_size,
-            master_addr=la.master_addr, master_port=la.master_port, env=env, log_dir=log_dir,
+        self.gang = Gang(
+            la.with_(cwd=cwd, env=env, log_dir=str(log_dir)),
             setup_marker=self.state_dir / f"setup-{la.job_id}.done",
             setup_log=log_dir / f"setup-{self.instance_id or self.config.decision_id}.log",
             own_process_group=True,
-        ))
+        )
         log.info("attempt %d: starting ranks %s of %d (job %s)", la.attempt, list(la.ranks), la.world_size, la.job_id)
         if problem is not None:
             return self._cannot_start(la, log_dir, problem)
@@ -377,7 +376,7 @@ class Agent:
             # As a shell reports a command it cannot run: the controller sees a failed start, not a hang.
             self._cannot_start(la, log_dir, f"spotrain agent: cannot start the workers in {cwd}: {exc}")
 
-    def _workdir(self, la: RankAssignment) -> str:
+    def _workdir(self, la: WorkerLaunch) -> str:
         """Where the ranks run: the shipped workdir, fetched and verified (``workdir.py``), else ``cwd``."""
         if la.workdir is None:
             return la.cwd
@@ -386,7 +385,7 @@ class Agent:
         log.info("attempt %d: workdir %s (sha256 %s) in %s", la.attempt, ref.uri, ref.sha256, path)
         return str(path)
 
-    def _cannot_start(self, la: RankAssignment, log_dir: Path, message: str) -> None:
+    def _cannot_start(self, la: WorkerLaunch, log_dir: Path, message: str) -> None:
         """Every local rank fails with EXIT_CANNOT_START, ``message`` as the last line of its log (the
         controller shows it as the failure's reason)."""
         log.error("attempt %d: %s", la.attempt, message)

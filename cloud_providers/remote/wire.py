@@ -35,10 +35,13 @@ import dataclasses
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..errors import ProviderError
+from ..launch import CONTROLLER_ONLY_FIELDS, WorkerLaunch
 
 ASSIGNMENT_PATH = "/v1/agent/assignment"
 REPORT_PATH = "/v1/agent/report"
@@ -83,50 +86,22 @@ def _str(d: Mapping[str, Any], key: str, *, optional: bool = False) -> str | Non
     return value
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RankAssignment:
-    """One instance's share of a gang attempt (``WorkerLaunch`` less what is the controller's own)."""
+def launch_to_json(launch: WorkerLaunch) -> dict[str, Any]:
+    """The launch as an assignment carries it: without the fields that are the controller's own."""
+    return launch.model_dump(mode="json", exclude=set(CONTROLLER_ONLY_FIELDS))
 
-    job_id: str
-    attempt: int
-    run: str
-    setup: str | None
-    cwd: str
-    ranks: Sequence[int]
-    world_size: int
-    master_addr: str
-    master_port: int
-    env: Mapping[str, str]
-    # The job's workdir as the controller shipped it (``workdir.py``): ``{"uri", "sha256", "size"}`` of
-    # its archive in the job's store, or ``{"error": ...}`` when it could not be shipped. None: run in
-    # ``cwd`` as it is on the instance.
-    workdir: Mapping[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["ranks"], d["env"] = list(self.ranks), dict(self.env)
-        d["workdir"] = dict(self.workdir) if self.workdir is not None else None
-        return d
-
-    @classmethod
-    def from_json(cls, d: Any) -> RankAssignment:
-        if not isinstance(d, dict):
-            raise WireError(f"launch: expected an object, got {type(d).__name__}")
-        ranks = d.get("ranks")
-        env = d.get("env")
-        if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) for r in ranks):
-            raise WireError(f"launch.ranks: expected a non-empty list of integers, got {ranks!r}")
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise WireError("launch.env: expected an object of strings")
-        workdir = d.get("workdir")
-        if workdir is not None and not isinstance(workdir, dict):
-            raise WireError("launch.workdir: expected an object")
-        return cls(
-            job_id=str(_str(d, "job_id")), attempt=_int(d, "attempt"), run=str(_str(d, "run")),
-            setup=_str(d, "setup", optional=True), cwd=str(_str(d, "cwd")), ranks=list(ranks),
-            world_size=_int(d, "world_size"), master_addr=str(_str(d, "master_addr")),
-            master_port=_int(d, "master_port"), env=dict(env), workdir=workdir,
-        )
+def launch_from_json(d: Any) -> WorkerLaunch:
+    """An assignment's launch, validated (``WireError`` naming the first bad field)."""
+    if not isinstance(d, dict):
+        raise WireError(f"launch: expected an object, got {type(d).__name__}")
+    try:
+        return WorkerLaunch.model_validate({k: v for k, v in d.items() if k not in CONTROLLER_ONLY_FIELDS})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in ("launch", *first["loc"]))
+        got = f", got {first.get('input')!r:.200}" if first["loc"] else ""
+        raise WireError(f"{where}: {first['msg']}{got}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,14 +114,14 @@ class Assignment:
     """
 
     instance_id: str
-    launch: RankAssignment | None = None
+    launch: WorkerLaunch | None = None
     notice: Mapping[str, Any] | None = None
     stop_attempt: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "instance_id": self.instance_id,
-            "launch": self.launch.to_json() if self.launch else None,
+            "launch": launch_to_json(self.launch) if self.launch else None,
             "notice": dict(self.notice) if self.notice is not None else None,
             "stop_attempt": self.stop_attempt,
         }
@@ -161,7 +136,7 @@ class Assignment:
         launch = d.get("launch")
         return cls(
             instance_id=str(_str(d, "instance_id")),
-            launch=RankAssignment.from_json(launch) if launch is not None else None,
+            launch=launch_from_json(launch) if launch is not None else None,
             notice=notice,
             stop_attempt=_int(d, "stop_attempt", 0),
         )

@@ -10,7 +10,8 @@ from typing import Any
 
 from cloud_providers.remote.agent import Agent, ControllerUnreachable, InstanceGone
 from cloud_providers.remote.config import AgentConfig
-from cloud_providers.remote.wire import Assignment, RankAssignment, Report
+from cloud_providers.launch import WorkerLaunch
+from cloud_providers.remote.wire import Assignment, Report
 
 JOB = "job-1"
 
@@ -39,7 +40,7 @@ class FakeChannel:
         self.reports.append(report)
         return answer
 
-    def assign(self, launch: RankAssignment, *, notice: dict[str, Any] | None = None, stop_attempt: int = 0) -> None:
+    def assign(self, launch: WorkerLaunch, *, notice: dict[str, Any] | None = None, stop_attempt: int = 0) -> None:
         self.current = Assignment(instance_id=self.current.instance_id, launch=launch, notice=notice,
                                   stop_attempt=stop_attempt)
 
@@ -53,8 +54,8 @@ class FakeClock:
 
 
 def rank_assignment(cwd: Path, run: str, *, attempt: int = 1, ranks: list[int] | None = None, world_size: int = 1,
-                    setup: str | None = None) -> RankAssignment:
-    return RankAssignment(job_id=JOB, attempt=attempt, run=run, setup=setup, cwd=str(cwd), ranks=ranks or [0],
+                    setup: str | None = None) -> WorkerLaunch:
+    return WorkerLaunch(job_id=JOB, attempt=attempt, run=run, setup=setup, cwd=str(cwd), ranks=ranks or [0],
                           world_size=world_size, master_addr="10.0.0.7", master_port=29511,
                           env={"SPOTRAIN_JOB_ID": JOB, "SPOTRAIN_ATTEMPT": str(attempt)})
 

@@ -25,7 +25,7 @@ from cloud_providers.gcp.userdata import AgentBoot as GcpBoot
 from cloud_providers.remote import agent as agent_module
 from cloud_providers.remote.agent import Agent, ControllerChannel, ControllerUnreachable
 from cloud_providers.remote.tls import pinned_context
-from cloud_providers.remote.wire import STATE_EXITED, RankAssignment
+from cloud_providers.remote.wire import STATE_EXITED
 from cloud_providers.remote.workdir import WorkdirRef
 
 TOKEN = "agent-token-for-tests"
@@ -121,7 +121,7 @@ def shipped(tmp_path: Path) -> WorkdirRef:
 
 def run_with(agent: Agent, channel: FakeChannel, tmp_path: Path, workdir: dict[str, object]) -> str:
     la = rank_assignment(tmp_path / "nowhere", "python train.py")
-    channel.assign(RankAssignment(**{**la.__dict__, "workdir": workdir}))
+    channel.assign(WorkerLaunch(**{**la.__dict__, "workdir": workdir}))
     drive(agent, lambda: bool(channel.reports) and channel.reports[-1].state == STATE_EXITED)
     log = (tmp_path / "state" / "logs" / "job-1" / "attempt-1-rank-0.log").read_text()
     return f"{dict(channel.reports[-1].exit_codes)} {log}"

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ..base import Instance, LaunchRequest, Provider
-from ..errors import CapacityUnavailable, ProviderError, QuotaExceeded
+from .base import Instance, LaunchRequest, Provider
+from .errors import CapacityUnavailable, ProviderError, QuotaExceeded
 
 FAILOVER_ERRORS: tuple[type[ProviderError], ...] = (CapacityUnavailable, QuotaExceeded)
 
