@@ -16,6 +16,7 @@
     │   ├── InstanceNotYetKnown (not recorded yet: the agent retries)
     │   ├── InstanceTerminated  (terminated for good: the agent stops)
     │   └── WrongInstance       (the agent claims another instance than its decision launched)
+    ├── BudgetExceeded          (globmatch.py: a workdir's ignore patterns used up their matching steps)
     ├── SecretError             (home.py: the API token or another secret file is empty or unreadable)
     ├── PlanTooLarge            (simulator/omniscient.py: the offline problem is too large; also a ValueError)
     └── ApiError                (any other refusal from the controller, with its HTTP status)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from .errors import SpotrainError
+
 LIT, ONE, STAR, DSTAR, SEGS = range(5)
 
 
-class BudgetExceeded(Exception):
+class BudgetExceeded(SpotrainError):
     """The matching steps allowed to a caller were used up."""
 
 

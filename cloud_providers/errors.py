@@ -16,6 +16,7 @@ Every error a cloud SDK raises is translated where it enters, to the most specif
     ├── TraceError            (local/market.py: a market trace file is malformed; names line and column)
     ├── ScenarioError         (local/scenario.py: a local-cloud scenario file is invalid; names the field)
     ├── FileRefused           (safe_files.py: a user's file is not a bounded regular file of sane YAML/JSON)
+    │   └── UnsafeJobFile     (jobfiles.py: a file a job wrote is a link, not regular, or over its cap)
     ├── WireError             (remote/wire.py: an agent <-> controller message breaks the wire format)
     ├── MetadataError         (remote/metadata.py: the instance's metadata service cannot be read)
     ├── WorkdirError          (remote/workdir.py: the job's shipped workdir is unreadable, tampered or unsafe)

@@ -22,11 +22,13 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .safe_files import FileRefused
+
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
     getattr(os, "O_NOCTTY", 0)
 
 
-class UnsafeJobFile(ValueError):
+class UnsafeJobFile(FileRefused):
     """A job file that is not a regular file, is a link, or is over its size cap: one line."""
 
 
