@@ -11,7 +11,6 @@ from typing import Any
 
 from ._boto import require_sdk
 from .errors import RetryPolicy
-from .failover import FailoverResult, launch_with_failover
 from .provider import DEFAULT_IMAGE_ID, AwsProvider
 from .userdata import AgentBoot
 
@@ -99,8 +98,6 @@ __all__ = [
     "AgentBoot",
     "AwsProvider",
     "DEFAULT_IMAGE_ID",
-    "FailoverResult",
     "RetryPolicy",
-    "launch_with_failover",
     "make_provider",
 ]

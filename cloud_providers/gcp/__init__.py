@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..aws.errors import RetryPolicy
-from ..aws.failover import FailoverResult, launch_with_failover
 from ._google import default_credentials, require_sdk, split_endpoint
 from .provider import DEFAULT_IMAGE, GcpProvider, instance_name, request_id
 from .userdata import AgentBoot
@@ -113,11 +112,9 @@ def make_provider(**settings: Any) -> GcpProvider:
 __all__ = [
     "AgentBoot",
     "DEFAULT_IMAGE",
-    "FailoverResult",
     "GcpProvider",
     "RetryPolicy",
     "instance_name",
-    "launch_with_failover",
     "make_provider",
     "request_id",
 ]
