@@ -125,13 +125,32 @@ def _assert_upgraded_with_data(store: Store) -> None:
         assert s.get(AgentSeq, "d-1").seq == 3  # type: ignore[union-attr]
 
 
+def _open_at_once(url: str, n: int = 4) -> None:
+    """``n`` Stores open ``url`` at once (controllers of a fleet, or ``run`` beside ``status``)."""
+    errors: list[BaseException] = []
+
+    def open_store() -> None:
+        try:
+            Store(url).engine.dispose()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
 def test_a_database_made_at_72c4646_upgrades_with_its_data(tmp_path: Path) -> None:
+    """Four processes' worth of Stores open it at once: one migrates (the flock beside the file)."""
     url = f"sqlite:///{tmp_path / 'spotrain.db'}"
     _make_old_database(url, "sqlite")
+    _open_at_once(url)
     store = Store(url)
     _assert_upgraded_with_data(store)
     store.engine.dispose()
-    Store(url).engine.dispose()  # at the head: opens again as it is
 
 
 def test_the_agents_file_made_at_72c4646_upgrades_alone(tmp_path: Path) -> None:
@@ -145,7 +164,7 @@ def test_the_agents_file_made_at_72c4646_upgrades_alone(tmp_path: Path) -> None:
     con.close()
     agents = AgentTables(f"sqlite:///{db}")
     with agents.engine.connect() as conn:
-        assert set(MigrationContext.configure(conn).get_current_heads()) == {scripts().get_revision("agents@head").revision}  # type: ignore[union-attr]
+        assert set(MigrationContext.configure(conn).get_current_heads()) == {scripts().get_revision("agents@head").revision}
         assert set(inspect(conn).get_table_names()) == AGENT_TABLE_NAMES | {"alembic_version"}
         assert _schema_diff(conn, set(AGENT_TABLE_NAMES)) == []
         assert conn.execute(text("SELECT state FROM agent_reports WHERE instance_id = 'i-1'")).scalar_one() == "running"
@@ -184,20 +203,7 @@ def test_a_72c4646_database_upgrades_on_postgresql_once_under_concurrent_control
     """Four controllers of a fleet open the old database at once: one migrates (the advisory lock),
     none fails, and the data is intact."""
     _make_old_database(postgres_url, "postgresql")
-    errors: list[BaseException] = []
-
-    def open_store() -> None:
-        try:
-            Store(postgres_url).engine.dispose()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_store) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    _open_at_once(postgres_url)
     store = Store(postgres_url)
     _assert_upgraded_with_data(store)
     with store.session() as s:  # the sequence behind events' ids survived the upgrade
