@@ -18,6 +18,7 @@
     │   └── WrongInstance       (the agent claims another instance than its decision launched)
     ├── BudgetExceeded          (globmatch.py: a workdir's ignore patterns used up their matching steps)
     ├── SecretError             (home.py: the API token or another secret file is empty or unreadable)
+    ├── SchemaTooNew            (state/migrate.py: the database was migrated by a newer spotrain)
     ├── PlanTooLarge            (simulator/omniscient.py: the offline problem is too large; also a ValueError)
     └── ApiError                (any other refusal from the controller, with its HTTP status)
 
@@ -61,6 +62,10 @@ class JobNotFound(DomainError):
 
 class Conflict(DomainError):
     """The operation contradicts the current state (a name in use, a job owned elsewhere)."""
+
+
+class SchemaTooNew(SpotrainError):
+    """The state database is at a schema revision this spotrain does not know: a newer one wrote it."""
 
 
 class ApiError(SpotrainError):

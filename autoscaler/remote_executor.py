@@ -81,6 +81,7 @@ from .errors import SpotrainError
 from . import log_cap
 from .home import logs_dir
 from .state import InstanceRow, Store
+from .state.migrate import AGENTS
 from .state.store import Database
 from .state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq
 from .workdir_shipper import WorkdirShipper, is_pending
@@ -152,9 +153,6 @@ def check_report(report: Report) -> None:
 
 
 # ----- storage -------------------------------------------------------------------------------------
-AGENT_TABLES = [AgentAssignment.__table__, AgentReport.__table__, AgentProgress.__table__, AgentSeq.__table__]
-
-
 def agent_db_url(controller_db_url: str) -> str:
     """Where the agent tables live: beside a SQLite database file, else in the same database."""
     url = make_url(controller_db_url)
@@ -170,7 +168,7 @@ class AgentTables(Database):
     """Sessions over the agent tables (their own engine, see the module doc)."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(url, tables=AGENT_TABLES)
+        super().__init__(url, branches=(AGENTS,))
 
 
 # ----- errors of an agent's lookup (the agent API maps them to HTTP statuses: api_agents.py) ---------

@@ -1,6 +1,7 @@
 """The controller on a real PostgreSQL (tests/pg_support.py starts a throwaway server).
 
-The store's own checks (schema made by two controllers at once, additive evolution, 64-bit steps)
+The store's own checks (schema made by two controllers at once, a pre-Alembic database's upgrade,
+64-bit steps; tests/test_migrations.py has the baseline's upgrade with data on PostgreSQL too)
 and a representative share of the controller's tests run again with ``SPOTRAIN_DB_URL`` on a fresh
 PostgreSQL database each: the SQLite-free paths of every tick (launch, preemption, recovery by tag,
 a failed launch call settled by its decision, the budget, a cancel, a hostile progress file) and the
@@ -49,7 +50,8 @@ def test_two_controllers_make_the_schema_at_once_and_it_evolves_additively(postg
         t.join()
     assert errors == []
     store = Store(postgres_url)
-    with store.engine.begin() as conn:
+    with store.engine.begin() as conn:  # as a release before these columns (and before Alembic) made it
+        conn.execute(text("DROP TABLE alembic_version"))
         conn.execute(text("ALTER TABLE jobs DROP COLUMN batch_json"))
         conn.execute(text("ALTER TABLE jobs DROP COLUMN cancel_requested"))
     with store.session() as s:

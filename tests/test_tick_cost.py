@@ -202,10 +202,11 @@ def test_the_market_history_sums_finished_jobs_once_and_stays_exact(tmp_path: Pa
 
 
 def test_an_older_database_gains_the_ticks_indexes(tmp_path: Path) -> None:
-    """``create_all`` adds no index to an existing table: the Store creates the tick's own."""
+    """A database made before the tick's own indexes (and before Alembic) gains them when it opens."""
     db = tmp_path / "old.db"
     Store(f"sqlite:///{db}")
     con = sqlite3.connect(db)
+    con.execute("DROP TABLE alembic_version")
     con.execute("DROP INDEX ix_jobs_controller_state")
     con.execute("DROP INDEX ix_decisions_status")
     con.commit()

@@ -6,13 +6,13 @@ Shared by the baselines and the spotrain policy so that they compare like with l
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cost_models.scaling import AmdahlScaling, LinearScaling, Scaling, accelerator_speed
 
 from ..scaling import BatchConfig, GoodputScaling
-from .base import Held, JobView, Placement, PolicyInput, eligible_offerings
+from .base import JobView, Placement, PolicyInput, eligible_offerings
 
 # A market that refused capacity is avoided for this long (seconds).
 CAPACITY_BACKOFF_S = 600.0
@@ -155,22 +155,6 @@ def homogeneous_configs(job: JobView, options: Sequence[Offering], workers: int,
     return out
 
 
-def held_mode(held: Sequence[Held]) -> str:
-    """'idle', 'spot', 'on-demand' or 'mixed' for what a job holds now."""
-    markets = {h.market for h in held if h.instances > 0}
-    if not markets:
-        return "idle"
-    if len(markets) > 1:
-        return "mixed"
-    return next(iter(markets))
-
-
-def held_matches(held: Sequence[Held], placements: Sequence[Placement]) -> bool:
-    a = {(h.offering_key, h.market): h.instances for h in held if h.instances > 0}
-    b = {(p.offering_key, p.market): p.instances for p in placements if p.instances > 0}
-    return a == b
-
-
 def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float, *, backoff_s: float = CAPACITY_BACKOFF_S) -> list[Offering]:
     """A spot market that refused the job capacity in the last ``backoff_s`` offers no more room
     than the job already holds there (SkyPilot's failover moves on to the next zone; retrying at
@@ -191,7 +175,3 @@ def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float, *, ba
 def job_options(job: JobView, inp: PolicyInput) -> list[Offering]:
     """Eligible offerings, with room capped where spot capacity was refused (``cap_refused``)."""
     return cap_refused(job, eligible_offerings(job.spec, inp.offerings), inp.now_s)
-
-
-def held_parts(held: Sequence[Held], by_key: Mapping[str, Offering]) -> list[tuple[Offering, int]]:
-    return [(by_key[h.offering_key], h.instances) for h in held if h.offering_key in by_key and h.instances > 0]

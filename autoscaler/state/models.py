@@ -1,20 +1,25 @@
 """Persistent state: jobs, instances, launch decisions, events (market history is derived from instances).
 
-SQLite by default (any SQLAlchemy URL works). Every job transition is an event row with a timestamp
-and a reason. A launch *decision* is written before the cloud is asked, so a controller that crashes
-between asking and recording can find the instance by its decision tag and never launches twice.
+SQLite by default (any SQLAlchemy URL works). The schema evolves by Alembic migrations
+(``migrate.py``, ``migrations/versions/``): a change here needs a revision there. Every job
+transition is an event row with a timestamp and a reason. A launch *decision* is written before the
+cloud is asked, so a controller that crashes between asking and recording can find the instance by
+its decision tag and never launches twice.
 """
 
 from __future__ import annotations
 
 import time
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from ..domain import TERMINAL, JobState
 
-__all__ = ["TERMINAL", "JobState", "Base", "Job", "InstanceRow", "Decision", "Event"]
+__all__ = ["TERMINAL", "JobState", "Base", "Job", "InstanceRow", "Decision", "Event", "AGENT_TABLE_NAMES"]
+
+# The remote executor's tables: Alembic branch ``agents`` (``migrate.py``); every other table is ``state``.
+AGENT_TABLE_NAMES = frozenset({"agent_assignments", "agent_reports", "agent_seqs", "agent_progress"})
 
 
 class Base(DeclarativeBase):
@@ -23,6 +28,14 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     __tablename__ = "jobs"
+    __table_args__ = (
+        # The tick's queries touch live jobs only, not every job ever submitted (issue 14, finding 5).
+        Index("ix_jobs_controller_state", "controller_id", "state"),
+        # Lists page in submission order (issue 21, finding 7): a page's ids are found (and, for
+        # several states, sorted) in these covering indexes, never by sorting whole rows.
+        Index("ix_jobs_state_submitted", "state", "submitted_at", "job_id"),
+        Index("ix_jobs_submitted", "submitted_at", "job_id"),
+    )
 
     job_id: Mapped[str] = mapped_column(String(80), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), index=True)
@@ -112,6 +125,7 @@ class Decision(Base):
     """A launch the controller decided on, written before the cloud is asked (write-ahead)."""
 
     __tablename__ = "decisions"
+    __table_args__ = (Index("ix_decisions_status", "status"),)  # the pending ones, each tick
 
     decision_id: Mapped[str] = mapped_column(String(80), primary_key=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)

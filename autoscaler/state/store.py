@@ -9,17 +9,17 @@ import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from sqlalchemy import Table, case, create_engine, event, func, inspect, select, text
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy import case, create_engine, event, func, select, text
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud_providers.base import SPOT, InstanceState
 
 from ..domain import LIVE, check_transition
-from . import lease as _lease  # noqa: F401 - registers the leases table with Base
-from .models import TERMINAL, Base, Decision, Event, InstanceRow, Job, JobState
+from .migrate import BRANCHES, migrate
+from .models import TERMINAL, Decision, Event, InstanceRow, Job, JobState
 
-# pg_advisory_xact_lock key under which a controller makes or evolves the schema on PostgreSQL.
+# pg_advisory_xact_lock key under which a controller migrates the schema on PostgreSQL.
 _SCHEMA_LOCK = 0x5350_5452
 
 
@@ -58,7 +58,7 @@ def _sqlite_schema_lock(url: str) -> Iterator[None]:
     """One process at a time makes or evolves a SQLite file's schema. SQLite's DDL through the driver
     is not one transaction: a second process opening the same new database (`spotrain run` and
     `spotrain status`, say) created a table between this one's check and its CREATE ("table jobs
-    already exists"). PostgreSQL has its advisory lock instead (``_make_schema``)."""
+    already exists"). PostgreSQL has its advisory lock instead (``Database``)."""
     database = make_url(url).database if url.startswith("sqlite") else None
     if not database or database == ":memory:" or database.startswith("file:") or not Path(database).parent.is_dir():
         yield
@@ -72,10 +72,10 @@ def _sqlite_schema_lock(url: str) -> Iterator[None]:
 
 
 class Database:
-    """An engine and transactional sessions over some of the state tables (all of them by default)."""
+    """An engine and transactional sessions over the state database, its schema brought to the head of
+    ``branches`` (Alembic's: ``migrate.py``) as it opens."""
 
-    def __init__(self, url: str, *, tables: list[Table] | None = None, ddl: tuple[str, ...] = ()) -> None:
-        """``ddl``: statements run after the tables are made (``CREATE INDEX IF NOT EXISTS ...``)."""
+    def __init__(self, url: str, *, branches: Collection[str] = BRANCHES) -> None:
         self.url = url
         sqlite = url.startswith("sqlite")
         if sqlite:
@@ -84,37 +84,13 @@ class Database:
         self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite)
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        with _sqlite_schema_lock(url):
-            self._make_schema(tables, ddl)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-
-    def _make_schema(self, tables: list[Table] | None, ddl: tuple[str, ...]) -> None:
-        with self.engine.begin() as conn:
+        with _sqlite_schema_lock(url), self.engine.begin() as conn:
             if self.engine.dialect.name == "postgresql":
-                # Controllers of one fleet may start together: one at a time makes or evolves the
-                # schema (PostgreSQL's DDL is transactional; the lock ends with this transaction).
+                # Controllers of one fleet may start together: one at a time migrates the schema
+                # (PostgreSQL's DDL is transactional; the lock ends with this transaction).
                 conn.execute(text(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})"))
-            Base.metadata.create_all(conn, tables=tables)
-            self._add_missing_columns(conn, tables)
-            for statement in ddl:
-                conn.execute(text(statement))
-
-    def _add_missing_columns(self, conn: Connection, tables: list[Table] | None) -> None:
-        """Additive schema evolution: a database written by an older spotrain gets the columns added
-        since, with their defaults, so upgrading never loses or strands stored jobs."""
-        insp = inspect(conn)
-        for table in tables if tables is not None else Base.metadata.sorted_tables:
-            have = {c["name"] for c in insp.get_columns(table.name)}
-            for col in table.columns:
-                if col.name in have:
-                    continue
-                default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
-                ddl = f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile(self.engine.dialect)}"
-                if isinstance(default, str):
-                    ddl += " DEFAULT '" + default.replace("'", "''") + "'"
-                elif default is not None:
-                    ddl += f" DEFAULT {default}"
-                conn.execute(text(ddl))
+            migrate(conn, branches)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
@@ -131,18 +107,6 @@ class Database:
 
 _LIVE_STATES = sorted(s.value for s in LIVE)
 _ALIVE_INSTANCE_STATES = sorted(s.value for s in InstanceState if s is not InstanceState.TERMINATED)
-
-# Indexes the tick's queries need beyond the models' own. ``create_all`` creates indexes only with a
-# new table, so a database written by an older spotrain gets these here (issue 14, finding 5: the
-# tick's queries touch live jobs and alive instances only, not every job ever submitted).
-_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS ix_jobs_controller_state ON jobs (controller_id, state)",
-    "CREATE INDEX IF NOT EXISTS ix_decisions_status ON decisions (status)",
-    # Lists page in submission order (issue 21, finding 7): a page's ids are found (and, for several
-    # states, sorted) in these covering indexes, never by sorting whole rows.
-    "CREATE INDEX IF NOT EXISTS ix_jobs_state_submitted ON jobs (state, submitted_at, job_id)",
-    "CREATE INDEX IF NOT EXISTS ix_jobs_submitted ON jobs (submitted_at, job_id)",
-)
 
 # What a list of jobs may ask for (``Store.job_page``): the live ones, the ended ones, every one.
 LIVE_SELECTOR, ENDED_SELECTOR, ALL_SELECTOR = "live", "ended", "all"
@@ -168,8 +132,8 @@ def states_of(selector: str) -> list[str] | None:
 class Store(Database):
     """The controller's state: jobs, instances, decisions, events."""
 
-    def __init__(self, url: str, *, tables: list[Table] | None = None) -> None:
-        super().__init__(url, tables=tables, ddl=_INDEXES if tables is None else ())
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
 
     # ----- queries -----
     def job(self, s: Session, ref: str) -> Job | None:

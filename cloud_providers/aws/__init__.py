@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..failover import FailoverResult, launch_with_failover
 from ..retry import RetryPolicy
 from ..settings import check_settings, split_list, spot_prices_from_env
 from ._boto import require_sdk
@@ -59,8 +58,6 @@ __all__ = [
     "AgentBoot",
     "AwsProvider",
     "DEFAULT_IMAGE_ID",
-    "FailoverResult",
     "RetryPolicy",
-    "launch_with_failover",
     "make_provider",
 ]

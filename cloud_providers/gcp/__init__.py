@@ -12,7 +12,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..failover import FailoverResult, launch_with_failover
 from ..retry import RetryPolicy
 from ..settings import check_settings, split_list, spot_prices_from_env
 from ._google import default_credentials, require_sdk, split_endpoint
@@ -69,11 +68,9 @@ def make_provider(**settings: Any) -> GcpProvider:
 __all__ = [
     "AgentBoot",
     "DEFAULT_IMAGE",
-    "FailoverResult",
     "GcpProvider",
     "RetryPolicy",
     "instance_name",
-    "launch_with_failover",
     "make_provider",
     "request_id",
 ]

@@ -10,7 +10,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from cloud_providers.aws import AwsProvider, RetryPolicy, launch_with_failover, make_provider
+from cloud_providers.aws import AwsProvider, RetryPolicy, make_provider
 from cloud_providers.aws.pricing import SpotPriceCache
 from cloud_providers.base import (
     ON_DEMAND,
@@ -108,41 +108,35 @@ def test_spot_prices_are_paginated_newest_wins_and_cached(monkeypatch: pytest.Mo
         stubber.assert_no_pending_responses()
 
 
-def test_failover_across_zones(provider: AwsProvider, faults: Faults) -> None:
+def test_a_capacity_error_names_its_zone_and_another_zone_launches(provider: AwsProvider, faults: Faults) -> None:
+    """What the policy's failover reads (``policy/jobmath.cap_refused``): a typed error with its zone."""
     faults.fail("RunInstances", "InsufficientInstanceCapacity", when=in_zone("us-east-1a"))
-    candidates = requests_for(provider, "fo-zone", [("us-east-1a", "g5.xlarge"), ("us-east-1b", "g5.xlarge")])
-    result = launch_with_failover(provider, candidates)
-    assert result.ok and result.instance is not None
-    assert result.instance.zone == "us-east-1b" and result.request is candidates[1]
-    ((failed_request, error),) = result.failures
-    assert failed_request is candidates[0]
-    assert isinstance(error, CapacityUnavailable) and error.zone == "us-east-1a"
+    first, second = requests_for(provider, "fo-zone", [("us-east-1a", "g5.xlarge"), ("us-east-1b", "g5.xlarge")])
+    with pytest.raises(CapacityUnavailable) as info:
+        provider.launch(first)
+    assert info.value.zone == "us-east-1a"
+    assert provider.launch(second).zone == "us-east-1b"
     assert [i.zone for i in provider.list_instances({TAG_JOB: "fo-zone"})] == ["us-east-1b"]
 
 
-def test_failover_across_types_and_regions(provider: AwsProvider, faults: Faults) -> None:
+def test_spot_price_is_capacity_and_the_vcpu_limit_is_quota(provider: AwsProvider, faults: Faults) -> None:
     faults.fail("RunInstances", "SpotMaxPriceTooLow", when=of_type("g5.xlarge"))
     faults.fail("RunInstances", "VcpuLimitExceeded", when=in_zone("us-east-1b"))
-    candidates = requests_for(provider, "fo-type", [("us-east-1a", "g5.xlarge"), ("us-east-1b", "g6.xlarge"),
-                                                    ("us-west-2a", "g6.xlarge")])
-    result = launch_with_failover(provider, candidates)
-    assert result.instance is not None
-    assert (result.instance.region, result.instance.instance_type) == ("us-west-2", "g6.xlarge")
-    assert [type(e) for _, e in result.failures] == [CapacityUnavailable, QuotaExceeded]
+    price, vcpus, other = requests_for(provider, "fo-type", [("us-east-1a", "g5.xlarge"), ("us-east-1b", "g6.xlarge"),
+                                                             ("us-west-2a", "g6.xlarge")])
+    with pytest.raises(CapacityUnavailable):
+        provider.launch(price)
+    with pytest.raises(QuotaExceeded):
+        provider.launch(vcpus)
+    instance = provider.launch(other)
+    assert (instance.region, instance.instance_type) == ("us-west-2", "g6.xlarge")
 
 
-def test_failover_exhausted_and_fatal_errors(provider: AwsProvider, faults: Faults) -> None:
-    faults.fail("RunInstances", "InsufficientInstanceCapacity")
-    candidates = requests_for(provider, "fo-none", [("us-east-1a", "g5.xlarge"), ("us-east-1b", "g5.xlarge")])
-    result = launch_with_failover(provider, candidates)
-    assert not result.ok and len(result.failures) == 2
-    faults.rules.clear()
+def test_an_auth_failure_is_credentials_and_not_retried(provider: AwsProvider, faults: Faults) -> None:
     faults.fail("RunInstances", "AuthFailure")
     with pytest.raises(CredentialsError):
-        launch_with_failover(provider, requests_for(provider, "fo-auth", [("us-east-1a", "g5.xlarge"),
-                                                                          ("us-east-1b", "g5.xlarge")]))
-    assert faults.injected[-1] == ("RunInstances", "AuthFailure")
-    assert sum(1 for op, code in faults.injected if code == "AuthFailure") == 1, "no failover on auth errors"
+        provider.launch(requests_for(provider, "fo-auth", [("us-east-1a", "g5.xlarge")])[0])
+    assert sum(1 for op, code in faults.injected if code == "AuthFailure") == 1, "no retry on auth errors"
 
 
 def test_throttled_run_instances_is_retried_without_a_second_instance(provider: AwsProvider, faults: Faults,
