@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoscaler.controller.goodput import MAX_FITS_PER_TICK, merge_profile, record_report, scaling_for
+from autoscaler.controller.fits import MAX_FITS_PER_TICK
+from autoscaler.controller.goodput import merge_profile, record_report, scaling_for
 from autoscaler.policy import Allocation, PolicyInput, get_policy
 from autoscaler.scaling import BatchConfig, GoodputScaling, measured_scaling
 from autoscaler.simulator.executor import SimWorkload
