@@ -66,9 +66,21 @@ def burn_rate_usd_per_hour(rows: Iterable[InstanceRow], prices: Mapping[str, tup
             # what it has cost per second so far, or, before its first bill, at nothing better known.
             total += row.cost_usd / row.billed_seconds * 3600.0 if row.billed_seconds > 0 else 0.0
             continue
-        od, spot = prices[row.offering_key]
-        total += spot if row.market == SPOT and spot is not None else od
+        total += instance_rate_usd_per_hour(row.market, prices[row.offering_key])
     return total
+
+
+def instance_rate_usd_per_hour(market: str, price: tuple[float, float | None]) -> float:
+    """What one instance in ``market`` bills per hour at ``price`` (on-demand, spot)."""
+    od, spot = price
+    return spot if market == SPOT and spot is not None else od
+
+
+def holdings_burn_rate_usd_per_hour(holdings: Mapping[tuple[str, str], int],
+                                    prices: Mapping[str, tuple[float, float | None]]) -> float:
+    """``burn_rate_usd_per_hour`` of instance counts per (offering key, market), all of listed offerings
+    (the simulator's fast path holds counts, not rows)."""
+    return sum(n * instance_rate_usd_per_hour(m, prices[k]) for (k, m), n in holdings.items() if n > 0)
 
 
 def history_from_totals(totals: Iterable[tuple[str, float, int]]) -> dict[str, MarketHistory]:

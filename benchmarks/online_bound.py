@@ -1,7 +1,7 @@
 """How close to omniscient can *any* online policy get? The approximately Bayes-optimal online policy.
 
 policy_cost compares spotrain with omniscient, which knows the whole trace. This runs the best policy
-that knows only the past (``autoscaler.simulator.online_bound``: a dynamic program over the
+that knows only the past (``research.online_bound``: a dynamic program over the
 generator's own model, with its true parameters) through the same simulator, on the same trace and
 start times as policy_cost's "4 zones / 2 clouds, 1 GPU" rows, restricted to its K cheapest zones,
 next to omniscient, uniform-progress and spotrain. What separates it from omniscient is the value of
@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
-from autoscaler.simulator.online_bound import AGE_EDGES, OnlineDP, OnlineDPPolicy, trace_history  # noqa: E402
-from autoscaler.simulator.tracegen import MULTI_ZONE, SINGLE_ZONE, ZoneSpec, generate_rows  # noqa: E402
+from research.online_bound import AGE_EDGES, OnlineDP, OnlineDPPolicy, trace_history  # noqa: E402
+from research.tracegen import MULTI_ZONE, SINGLE_ZONE, ZoneSpec, generate_rows  # noqa: E402
 from cloud_providers.local.market import MarketTrace, write_trace  # noqa: E402
 
 # Shared with the forked workers.

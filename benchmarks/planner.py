@@ -1,4 +1,4 @@
-"""The model-based decision rule (``autoscaler.simulator.planner``) against spotrain's rules and the online bound.
+"""The model-based decision rule (``research.planner``) against spotrain's rules and the online bound.
 
 Same market, starts and accounting as ``policy_cost``'s "4 zones / 2 clouds, 1 GPU" rows (trace seed 2,
 300 starts, deadline 24 h): cost / on-demand, mean and p90, deadline misses and restarts per job, for
@@ -29,8 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
-from autoscaler.simulator.planner import MarketPast, PlannerPolicy  # noqa: E402
-from autoscaler.simulator.tracegen import generate_trace  # noqa: E402
+from research.planner import MarketPast, PlannerPolicy  # noqa: E402
+from research.tracegen import generate_trace  # noqa: E402
 
 # benchmarks/online_bound.py --zones 4 (d = 12 min, trace seed 2, the 300 starts below): mean, p90.
 RECORDED_BOUND = {0.6: (0.313, 0.341), 0.8: (0.324, 0.358), 0.9: (0.351, 0.456)}

@@ -2,7 +2,7 @@
 
 For each scenario and job fraction (work / deadline on the fallback) 0.6, 0.8, 0.9 the five policies
 run from the same seeded random start times (300; ``--quick``: 12) on a 30-day trace from
-``autoscaler.simulator.tracegen`` (heavy-tailed availability runs, zones that differ, list prices).
+``research.tracegen`` (heavy-tailed availability runs, zones that differ, list prices).
 Deadline 24 h, restart overhead 12 min unless swept. Reports mean and p90 of cost / on-demand cost
 and deadline misses. Last line: one JSON object with every figure.
 
@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
-from autoscaler.simulator.tracegen import MULTI_NODE, MULTI_NODE_16, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
+from research.tracegen import MULTI_NODE, MULTI_NODE_16, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
 from autoscaler.spec import spec_from_dict  # noqa: E402
 
 POLICIES = ("on-demand", "greedy-spot", "uniform-progress", "omniscient", "spotrain")

@@ -48,7 +48,7 @@ from autoscaler.policy.params import PolicyParams, load_params_file, save_params
 from autoscaler.policy.tuning import (INFEASIBLE, Score, Windows, combine, objective_value, score, split_windows,  # noqa: E402
                                       train_and_test_starts, tune_with)
 from autoscaler.simulator import Simulation, SimJob, make_sim_job  # noqa: E402
-from autoscaler.simulator.tracegen import generate_trace  # noqa: E402
+from research.tracegen import generate_trace  # noqa: E402
 
 from policy_cost import SCENARIOS, TRACE_DAYS, _spec  # noqa: E402
 

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoscaler.policy import get_policy  # noqa: E402
-from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace  # noqa: E402
+from research.tracegen import MULTI_ZONE, generate_trace  # noqa: E402
 from autoscaler.simulator.workload import read_workload, simulate_workload  # noqa: E402
 from cloud_providers.local.market import MarketTrace  # noqa: E402
 

@@ -18,14 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoscaler.controller.goodput import (
-    MAX_FITS_PER_TICK,
-    gang_directive,
-    merge_profile,
-    note_gang_batch,
-    record_report,
-    scaling_for,
-)
+from autoscaler.controller.fits import MAX_FITS_PER_TICK
+from autoscaler.controller.goodput import gang_directive, merge_profile, note_gang_batch, record_report, scaling_for
 from autoscaler.policy import Allocation, PolicyInput, get_policy
 from autoscaler.scaling import BatchConfig, GoodputScaling, batch_limits, measured_scaling
 from autoscaler.simulator.executor import SimWorkload

@@ -122,43 +122,21 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _import_time_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements a module runs when it is imported: top level and inside ``if``/``try``/
-    ``with``/class bodies, but not in function bodies nor under ``if TYPE_CHECKING:``."""
-    out: list[ast.Import | ast.ImportFrom] = []
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.append(node)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                out.extend(_import_time_imports(node.body))
-            out.extend(_import_time_imports(node.orelse))
-        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                out.extend(_import_time_imports(block))
-        elif isinstance(node, (ast.With, ast.For, ast.While, ast.ClassDef)):
-            out.extend(_import_time_imports(node.body))
-            out.extend(_import_time_imports(getattr(node, "orelse", [])))
-    return out
+def _all_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module: at import time, in function bodies (lazy) and under
+    ``if TYPE_CHECKING:`` alike. A lazy import hides a cycle from the interpreter, not from a reader."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports at import time. A relative import is resolved against
+    """Module -> the modules of ours it imports (anywhere in it). A relative import is resolved against
     the importing module's package; ``from pkg import name`` imports the module ``pkg.name`` when there
     is one and ``pkg`` (its ``__init__``) otherwise; ``import a.b`` imports ``a.b``."""
     graph: dict[str, set[str]] = {}
     for mod, path in modules.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         deps: set[str] = set()
-        for node in _import_time_imports(ast.parse(path.read_text(), filename=str(path)).body):
+        for node in _all_imports(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names if a.name in modules)
                 continue
@@ -272,12 +250,62 @@ def test_import_graph_resolves_relative_imports(tmp_path: Path) -> None:
         p.write_text(text)
         modules[".".join(Path(rel).with_suffix("").parts).removesuffix(".__init__")] = p
     graph = import_graph(modules)
-    assert graph == {"pkg": {"pkg.sub", "pkg.mod", "pkg.sub.leaf"}, "pkg.mod": set(), "pkg.sub": {"pkg.mod"},
+    # pkg.mod's imports under TYPE_CHECKING and in a function body count: a lazy cycle is a cycle.
+    assert graph == {"pkg": {"pkg.sub", "pkg.mod", "pkg.sub.leaf"}, "pkg.mod": {"pkg.sub"}, "pkg.sub": {"pkg.mod"},
                      "pkg.sub.leaf": {"pkg.sub", "pkg"}}
-    assert find_cycles(graph) == [["pkg", "pkg.sub.leaf", "pkg"]]
+    assert find_cycles(graph) == [["pkg", "pkg.sub.leaf", "pkg"], ["pkg.mod", "pkg.sub", "pkg.mod"]]
+
+
+def _our_modules(packages: set[str]) -> dict[str, Path]:
+    return {_module_name(f): f for package in sorted(packages) for f in sorted((REPO / package).rglob("*.py"))}
 
 
 def test_no_import_cycles() -> None:
-    modules = {_module_name(f): f for package in sorted(OURS) for f in sorted((REPO / package).rglob("*.py"))}
-    cycles = find_cycles(import_graph(modules))
+    """No cycle among our modules, the research code's included, lazy imports included (issue 22:
+    ``controller/context`` <-> ``controller/goodput`` and ``cli/simulate`` <-> ``cli/tune`` were)."""
+    cycles = find_cycles(import_graph(_our_modules(OURS | {"research"})))
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# --- research code lives outside the product (issue 22) ------------------------------------------------------
+
+RESEARCH = {"tracegen", "online_dp", "online_bound", "planner"}
+# Modules run on their own rather than imported by the product: the CLI, its commands (imported by
+# name, autoscaler/cli/main.py's COMMANDS), the agent a cloud VM runs, docs/spec.md's generator.
+ENTRY_POINTS = {"autoscaler.cli.main", "cloud_providers.remote.agent", "autoscaler.cli.spec_doc"}
+
+
+def test_research_code_is_outside_the_installed_packages() -> None:
+    """The generator, the online bound, its program and the planner tried and not kept are in
+    ``research/``, which ``pip install`` does not ship and no installed module imports."""
+    import fnmatch
+    import tomllib
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not any(fnmatch.fnmatch("research", pattern) for pattern in include), include
+    assert {p.stem for p in (REPO / "research").glob("*.py")} >= RESEARCH
+    bad = [str(f.relative_to(REPO)) for package in sorted(OURS) for f in (REPO / package).rglob("*.py") if f.stem in RESEARCH]
+    bad += [f"{f.relative_to(REPO)} imports research" for package in sorted(OURS) for f in (REPO / package).rglob("*.py")
+            if "research" in imports_of(f)]
+    assert not bad, bad
+
+
+def test_every_installed_module_is_used_by_the_product() -> None:
+    """Each module of the installed packages is reached from the product's entry points (or is a
+    package's ``__init__``, the runtime's and the models' public faces): code only tests and
+    benchmarks import is research and belongs in ``research/``."""
+    from autoscaler.cli.main import COMMANDS
+
+    modules = _our_modules(OURS)
+    graph = import_graph(modules)
+    packages = {m for m, p in modules.items() if p.name == "__init__.py"}
+    roots = ENTRY_POINTS | {module for module, _ in COMMANDS.values()} | packages
+    assert roots - set(modules) == set(), roots - set(modules)
+    reached: set[str] = set()
+    stack = sorted(roots)
+    while stack:
+        module = stack.pop()
+        if module not in reached:
+            reached.add(module)
+            stack.extend(graph[module])
+    assert sorted(set(modules) - reached) == []

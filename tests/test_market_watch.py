@@ -45,7 +45,7 @@ def test_simulator_history_is_the_controllers(grid_s: float) -> None:
     import numpy as np
 
     from autoscaler.simulator.market_watch import MarketWatch
-    from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace
+    from research.tracegen import MULTI_ZONE, generate_trace
 
     trace = generate_trace(MULTI_ZONE, hours=72, seed=5, grid_s=grid_s)
     sim = MarketWatch(trace, trace.keys)

@@ -16,8 +16,8 @@ from autoscaler.cli.main import main
 from autoscaler.policy.params import DEFAULT_PARAMS, TUNING_RANGES, PolicyParams, load_params_file
 from autoscaler.policy.spotrain import SpotrainPolicy
 from autoscaler.simulator import Simulation, make_sim_job
-from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace_text
 from autoscaler.spec import load_spec
+from research.tracegen import MULTI_ZONE, generate_trace_text
 
 pytest.importorskip("optuna")
 

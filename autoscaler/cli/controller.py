@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from .agents import agent_args, agent_cloud_args, agent_listener, agent_options, serve_agents
-from .tune import policy_params_option, read_policy_params
+from .params import policy_params_option, read_policy_params
 
 
 @click.group("controller")

@@ -19,9 +19,8 @@ import numpy as np
 
 from ..simulator import make_sim_job
 from ..spec import load_spec
-from .params import NON_NEGATIVE, SEED, STARTS
+from .params import NON_NEGATIVE, SEED, STARTS, policy_params_option, read_policy_params
 from .simulate import load_trace, random_starts, run_many
-from .tune import policy_params_option, read_policy_params
 
 
 @click.command("estimate")

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from .tune import policy_params_option, read_policy_params
+from .params import policy_params_option, read_policy_params
 
 OWNER_FILE = "owner.json"
 # A run whose owner file is missing (written right after its cloud starts) counts as abandoned only

@@ -23,8 +23,7 @@ from ..simulator.world import run_job
 from ..simulator.workload import BATCH_POLICIES, DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
 from ..simulator.engine import SimJob, SimResult
 from ..spec import load_spec
-from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat
-from .tune import policy_params_option, read_policy_params
+from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat, policy_params_option, read_policy_params
 
 
 def load_trace(path: str | None) -> MarketTrace:

@@ -9,41 +9,20 @@ and that comparison is printed first: the training figure is the one the search 
 flatters. ``--out`` writes a parameters file ``simulate``, ``estimate``, ``run`` and
 ``controller start`` accept as ``--policy-params FILE``.
 
-Optuna (the ``tune`` extra) is imported by this command only; this module imports only click at load,
-as ``--policy-params`` (``policy_params_option``) is shared with the commands above.
+Optuna (the ``tune`` extra) is imported by this command only; this module imports only click at load.
+``--policy-params`` (``params.policy_params_option``) is shared with the commands above.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat
-
-
-def read_policy_params(path: str | None) -> Any:
-    """``--policy-params FILE`` as a ``PolicyParams`` (None without one); a bad file is one line."""
-    if path is None:
-        return None
-    from ..errors import SpecError
-    from ..policy.params import load_params_file
-
-    try:
-        return load_params_file(path)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
-
-
-def policy_params_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The ``--policy-params FILE`` option (passed to the command as ``policy_params``: a path)."""
-    return click.option("--policy-params", "policy_params", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-                        help="The spotrain policy's parameters from a JSON/YAML file (what spotrain tune --out writes); "
-                             "names left out keep their defaults.")(f)
 
 
 def _study_name(trace_path: str, job_path: str, overrides: tuple[str, ...], extra: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from ..market_watch import MarketWatcher
 from ..policy import Policy
 from ..spec import JobSpec, spec_from_dict
 from ..state import Job, Store
-from .goodput import Fits
+from .fits import Fits
 from .start_failures import StartFailures
 
 

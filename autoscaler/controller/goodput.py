@@ -20,7 +20,6 @@ with neither there is nothing to fit.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -38,6 +37,7 @@ from ..policy.params import DEFAULT_PARAMS
 from ..scaling import BatchConfig, GoodputScaling, batch_limits
 from ..spec import JobSpec
 from ..state import Job
+from .fits import JobFit
 
 if TYPE_CHECKING:
     from .context import Context
@@ -50,8 +50,6 @@ GRAD_TOLERANCE = 0.05
 MAX_PROFILE_ROWS = 64
 # Controller-clock seconds between two refits of a job's model when no new configuration arrived.
 REFIT_EVERY_S = 300.0
-# Throughput fits per tick over all jobs.
-MAX_FITS_PER_TICK = 2
 BATCH_EVENT = "batch"
 LR_EVENT = "lr"
 # Who chose a batch (DESIGN.md wave 3): ``controller`` (a directive from the policy) or ``runtime``
@@ -68,38 +66,6 @@ def _by(source: str) -> str:
 LR_TOLERANCE = 0.10
 
 _Row = tuple[int, int, float, int, float, float | None]  # nodes, replicas, local_bsz, accum, step_s, sync_s
-
-
-@dataclasses.dataclass
-class JobFit:
-    """What the controller fitted for one job, and from what."""
-
-    key: tuple[str, float | None, float | None]  # (profile_json, grad_sqr, grad_var) it was built from
-    profile_json: str
-    configs: int
-    at: float  # controller clock
-    model: ThroughputModel | None
-    scaling: Scaling | None
-
-
-@dataclasses.dataclass
-class Fits:
-    """Per-job fits, and the fit budget of the current tick."""
-
-    jobs: dict[str, JobFit] = dataclasses.field(default_factory=dict)
-    tick: int = -1
-    used: int = 0
-
-    def pop(self, job_id: str, default: object = None) -> object:
-        return self.jobs.pop(job_id, default)
-
-    def take(self, tick: int) -> bool:
-        if tick != self.tick:
-            self.tick, self.used = tick, 0
-        if self.used >= MAX_FITS_PER_TICK:
-            return False
-        self.used += 1
-        return True
 
 
 # ----- reading reports ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..state import InstanceRow, Job
 from .context import Context
 from .goodput import scaling_for
 
-__all__ = ["held_of", "job_view", "job_summary"]
+__all__ = ["held_from_counts", "held_of", "job_view", "job_summary", "progress_of"]
 
 _USABLE = (InstanceState.RUNNING.value, InstanceState.PENDING.value)
 
@@ -32,7 +32,18 @@ def held_of(rows: Sequence[InstanceRow], by_key: Mapping[str, Offering], releasi
     for r in rows:
         if r.state in _USABLE and r.instance_id not in releasing:
             groups[(r.offering_key, r.market)] = groups.get((r.offering_key, r.market), 0) + 1
-    return tuple(Held(k, m, n, by_key[k].gpus if k in by_key else 1) for (k, m), n in sorted(groups.items()))
+    return held_from_counts(groups, by_key)
+
+
+def held_from_counts(groups: Mapping[tuple[str, str], int], by_key: Mapping[str, Offering]) -> tuple[Held, ...]:
+    """The policy's ``held`` of instance counts per (offering key, market), in one order (the
+    simulator's fast path holds counts)."""
+    return tuple(Held(k, m, n, by_key[k].gpus if k in by_key else 1) for (k, m), n in sorted(groups.items()) if n > 0)
+
+
+def progress_of(step: int, total_steps: int | None) -> float | None:
+    """The fraction of the job done, as the policy sees it: whole steps reported over the total."""
+    return min(1.0, step / total_steps) if total_steps else None
 
 
 def _since_checkpoint_s(ctx: Context, job: Job) -> float | None:
@@ -62,7 +73,7 @@ def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mappin
         job_id=job.job_id,
         spec=spec,
         submitted_s=job.submitted_clock_s,
-        progress=min(1.0, job.step / job.total_steps) if job.total_steps else None,
+        progress=progress_of(job.step, job.total_steps),
         held=held_of(rows, by_key, ctx.releasing.get(job.job_id, set())),
         cost_so_far_usd=job.cost_usd,
         restart_overhead_s=job.restart_overhead_s,

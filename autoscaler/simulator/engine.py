@@ -14,8 +14,12 @@ applies the returned allocation the way the controller and the cloud would:
   of billed time without progress (the job's measured checkpoint + restart time).
 - Billing is per second at the price of the moment; progress is the job's scaling model times the
   accelerator's speed (``cost_models.scaling``).
-- The hard budget is enforced as the cloud bill would: a run that reaches it stops (a policy bug if it
-  ever happens; the policy is meant to stop the job first with FAILED_BUDGET).
+- The hard budget is the controller's own (``controller/budget.py``): the guard first at every event
+  (spend plus the burn rate until its next check, at the controller's horizon for a ``grid_s`` tick),
+  a wake-up when it would stop the job, and the launch check before instances are added. The policy
+  sees its job through the controller's ``held_from_counts`` and ``progress_of`` and the burn rate is
+  ``accounting``'s, so what ``spotrain tune`` optimizes here is what the controller runs
+  (``tests/policy/test_fast_path.py`` compares them start by start, with and without a budget).
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from typing import Any
 from cloud_providers.base import SPOT, Offering
 from cloud_providers.local.market import MarketTrace
 
-from ..policy.base import Allocation, Held, JobView, MarketHistory, Policy, PolicyInput, eligible_offerings
+from ..accounting import holdings_burn_rate_usd_per_hour
+from ..controller.budget import guard_left_s, guard_reason, horizon_s, launch_reason, price_caps
+from ..controller.views import held_from_counts, progress_of
+from ..policy.base import Allocation, JobView, MarketHistory, Policy, PolicyInput, eligible_offerings
 from ..policy.jobmath import gang_rate
 from ..spec import JobSpec
 from .executor import STEP_EPS, STEPS_PER_S
@@ -157,6 +164,10 @@ class _Run:
     # What the controller's instance history says of each spot offering: seconds held, preemptions.
     spot_held_s: dict[str, float] = dataclasses.field(default_factory=dict)
     preempted: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Instances gone from the allocation that still bill until a moment (a notice running out, a gang
+    # checkpointing before release): (offering key, market, count, until). Billed up front; the
+    # budget guard counts them in the burn rate while they last, as the controller's rows do.
+    leaving: list[tuple[str, str, int, float]] = dataclasses.field(default_factory=list)
 
 
 def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
@@ -178,6 +189,7 @@ def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
             # The cloud bills a preempted instance until its notice runs out (the controller keeps
             # it until the cloud takes it back).
             _bill(r, offers[k], m, (n - room) * offers[k].notice_seconds)
+            r.leaving.append((k, m, n - room, r.t + offers[k].notice_seconds))
             if room:
                 r.holdings[(k, m)] = room
             else:
@@ -207,6 +219,21 @@ def _bill(r: _Run, o: Offering, market: str, instance_s: float) -> None:
         r.od_h += h
 
 
+def _billed_so_far(r: _Run, offers: dict[str, Offering]) -> float:
+    """The bill up to now, as the controller reads it from the cloud: the run's cost less what its
+    leaving instances will still bill (``_bill`` charges them up front)."""
+    ahead = sum(n * offers[k].price_usd_per_hour(m) * (until - r.t) / 3600.0 for k, m, n, until in r.leaving if until > r.t)
+    return r.cost - ahead
+
+
+def _end(r: _Run, offers: dict[str, Offering]) -> None:
+    """The job ended: the controller terminates every instance, so those still leaving bill no more."""
+    for k, m, n, until in r.leaving:
+        if until > r.t:
+            _bill(r, offers[k], m, -n * (until - r.t))
+    r.leaving = []
+
+
 def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[str, Offering], start: float,
             broken: bool) -> Allocation:
     view = JobView(
@@ -214,8 +241,8 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
         spec=job.spec,
         submitted_s=start,
         progress=_reported_progress(r.progress, job.work),
-        held=tuple(Held(k, m, n, offers[k].gpus) for (k, m), n in sorted(r.holdings.items()) if n > 0),
-        cost_so_far_usd=r.cost,
+        held=held_from_counts(r.holdings, offers),
+        cost_so_far_usd=_billed_so_far(r, offers),
         restart_overhead_s=job.restart_overhead_s,
         recent_capacity_failures=dict(r.failures),
         scaling=job.scaling,
@@ -238,7 +265,9 @@ def _reported_progress(done: float, work: float) -> float:
     """The fraction of work done as the controller reads it from the simulated workers' reports
     (whole steps of ``executor.STEPS_PER_S`` per reference GPU-second)."""
     total = max(1, int(math.ceil(work * STEPS_PER_S - 1e-9)))
-    return min(1.0, int(math.floor(done * STEPS_PER_S + STEP_EPS)) / total)
+    progress = progress_of(int(math.floor(done * STEPS_PER_S + STEP_EPS)), total)
+    assert progress is not None
+    return progress
 
 
 def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tuple[str, str], int]:
@@ -276,10 +305,6 @@ def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering],
     done_in = r.overhead_left + (job.work - r.progress) / rate if rate > 0 else math.inf
     if done_in <= dt:
         dt = done_in
-    budget = job.spec.objective.budget_usd
-    if budget is not None and price_s > 0 and r.cost + price_s * dt > budget + 1e-9:
-        dt = max(0.0, (budget - r.cost) / price_s)
-        r.state, r.reason = "FAILED_BUDGET", "hard budget reached by the bill (the policy should have stopped earlier)"
     r.cost += price_s * dt
     r.od_equiv += od_price_s * dt
     r.spot_h += spot_n * dt / 3600.0
@@ -292,8 +317,6 @@ def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering],
     r.run_since_ckpt += useful
     r.overhead_left = max(0.0, r.overhead_left - dt)
     r.t += dt
-    if r.state == "FAILED_BUDGET":
-        return True
     if rate > 0 and r.progress >= job.work - 1e-6:
         r.finish, r.state, r.reason = r.t, "SUCCEEDED", "work done"
         return True
@@ -303,11 +326,54 @@ def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering],
     return False
 
 
+class _Budget:
+    """The controller's hard budget (``controller/budget.py``) over the fast path's holdings: its tick is
+    the decision grid, every watched offering's change wakes it (so the last price seen holds until
+    the next event), and the local cloud bills no minimum."""
+
+    def __init__(self, sim: Simulation, job: SimJob) -> None:
+        self.budget_usd = job.spec.objective.budget_usd
+        self.horizon_s = horizon_s(sim.grid_s, 0.0, 1.0)
+        self.seen = frozenset(sim.keys)
+
+    def _rate(self, r: _Run, offers: dict[str, Offering]) -> float:
+        prices = {k: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for k, o in offers.items()}
+        r.leaving = [x for x in r.leaving if x[3] > r.t + 1e-9]
+        alive = dict(r.holdings)
+        for k, m, n, _ in r.leaving:
+            alive[(k, m)] = alive.get((k, m), 0) + n
+        return holdings_burn_rate_usd_per_hour(alive, price_caps(prices, self.seen))
+
+    def guard(self, r: _Run, offers: dict[str, Offering]) -> str | None:
+        if self.budget_usd is None:
+            return None
+        return guard_reason(_billed_so_far(r, offers), self.budget_usd, self._rate(r, offers), self.horizon_s)
+
+    def launch(self, r: _Run, target: dict[tuple[str, str], int], offers: dict[str, Offering]) -> str | None:
+        if self.budget_usd is None:
+            return None
+        prices = [offers[k].price_usd_per_hour(m) for (k, m), n in target.items() for _ in range(n - r.holdings.get((k, m), 0))]
+        if not prices:
+            return None
+        return launch_reason(_billed_so_far(r, offers), self.budget_usd, self._rate(r, offers), self.horizon_s, prices, self.horizon_s)
+
+    def due_s(self, r: _Run, offers: dict[str, Offering]) -> float | None:
+        if self.budget_usd is None:
+            return None
+        left = guard_left_s(_billed_so_far(r, offers), self.budget_usd, self._rate(r, offers), self.horizon_s)
+        return None if left is None else r.t + max(left, 1.0)
+
+
 def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: float) -> SimResult:
     r = _Run(t=start)
     end = start + max_s
+    budget = _Budget(sim, job)
     while True:
         offers = {o.key: o for o in sim.offerings_at(r.t)}
+        # The controller's tick: the budget guard first, then the cloud's news, then the policy.
+        if (why := budget.guard(r, offers)) is not None:
+            r.state, r.reason = "FAILED_BUDGET", why
+            break
         broken = _preempt(job, r, offers)
         # The policy (every loop iteration is an event: a market change, a wake-up or the start).
         alloc = _decide(sim, job, policy, r, offers, start, broken)
@@ -315,6 +381,15 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
             r.state, r.reason = alloc.outcome.state.value, alloc.reason
             break
         target = _target(alloc, r, offers)
+        if target != r.holdings and (why := budget.launch(r, target, offers)) is not None:
+            # The controller's launch check: a running gang that was only to grow keeps running as it
+            # is; anything else ends the job.
+            running = not broken and bool(r.holdings) and r.t > r.stopping_until + 1e-9
+            growing = running and all(target.get(km, 0) >= n for km, n in r.holdings.items())
+            if not growing:
+                r.state, r.reason = "FAILED_BUDGET", why
+                break
+            target = r.holdings
         if target != r.holdings:
             # A gang runs on what is held unless the last one is still exiting (the new one starts
             # only then): a running gang checkpoints and exits before its instances go.
@@ -327,6 +402,7 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
                 for (k, m), n in r.holdings.items():
                     if n > target.get((k, m), 0):
                         _bill(r, offers[k], m, (n - target.get((k, m), 0)) * job.checkpoint_save_s)
+                        r.leaving.append((k, m, n - target.get((k, m), 0), r.t + job.checkpoint_save_s))
             r.holdings = target
             r.resume_at = None  # the gang that was restarting never runs
             broken = True
@@ -342,8 +418,11 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         pending = r.events + ([r.resume_at] if r.resume_at is not None and r.resume_at > r.t else [])
         if pending:
             wake = min(wake, min(pending))
+        if (due := budget.due_s(r, offers)) is not None:
+            wake = min(wake, due)  # the guard must see the spend before it could cross the budget
         if _advance(sim, job, r, offers, wake, end):
             break
+    _end(r, {o.key: o for o in sim.offerings_at(r.t)})
     deadline = None if job.spec.objective.deadline_s is None else start + job.spec.objective.deadline_s
     met = r.finish is not None and (deadline is None or r.finish <= deadline + 1e-6)
     return SimResult(

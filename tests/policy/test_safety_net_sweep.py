@@ -16,7 +16,7 @@ from conftest import make_spec
 
 from autoscaler.policy import Held, JobView, PolicyInput, get_policy
 from autoscaler.simulator import Simulation, make_sim_job, run_named
-from autoscaler.simulator.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
+from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 from cloud_providers.base import ON_DEMAND, Offering
 
 SAFETY_NET_POLICIES = ("omniscient", "greedy-spot", "uniform-progress", "spotrain")

@@ -8,7 +8,7 @@ from conftest import make_spec
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named
 from autoscaler.simulator.omniscient import plan_omniscient
-from autoscaler.simulator.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
+from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 
 TRACE_HOURS = 24 * 8
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from autoscaler.cli.simulate import command as simulate
 from autoscaler.errors import SpecError
 from autoscaler.policy import get_policy
-from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace, generate_trace_text
+from research.tracegen import MULTI_ZONE, generate_trace, generate_trace_text
 from autoscaler.simulator.workload import (
     WorkloadError,
     read_workload,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.policy import get_policy
-from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace
+from research.tracegen import MULTI_ZONE, generate_trace
 from autoscaler.simulator.workload import (
     adaptive_work_gpu_seconds,
     read_workload,

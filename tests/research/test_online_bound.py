@@ -1,14 +1,14 @@
-"""The online bound (autoscaler/simulator/online_bound.py): its market model, its program and its replay."""
+"""The online bound (research/online_bound.py): its market model, its program and its replay."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_spec
+from research_support import make_spec
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named
-from autoscaler.simulator.online_bound import AGE_EDGES, OnlineDP, OnlineDPPolicy, age_bucket, trace_history, zone_transitions
-from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace
+from research.online_bound import AGE_EDGES, OnlineDP, OnlineDPPolicy, age_bucket, trace_history, zone_transitions
+from research.tracegen import MULTI_ZONE, generate_trace
 
 
 def test_zone_model_is_a_markov_chain_with_a_falling_hazard() -> None:
@@ -52,8 +52,9 @@ def test_replay_meets_deadlines_and_omniscient_stays_below(fraction: float) -> N
     keys = [offers[z.zone].key for z in zones]
     od = min(offers.values(), key=lambda o: o.on_demand_price_usd_per_hour)
     work_min = round(360 * fraction)
-    dp = OnlineDP([(float(offers[z.zone].spot_price_usd_per_hour or 0), float(z.mean_up_h or 0), float(z.mean_down_h or 0)) for z in zones],
-                  od.on_demand_price_usd_per_hour, work_min, 360 - work_min, 12)
+    markets = [(float(offers[z.zone].spot_price_usd_per_hour or 0), float(z.mean_up_h or 0), float(z.mean_down_h or 0))
+               for z in zones]
+    dp = OnlineDP(markets, od.on_demand_price_usd_per_hour, work_min, 360 - work_min, 12)
     job = make_sim_job(spec, restart_overhead_s=720)
     past = trace_history(trace, keys)
     costs = []
@@ -83,7 +84,7 @@ def test_replay_realises_what_the_program_expects() -> None:
     the replay's mean bill matches the program's expected bill at the start states (a replay that
     misreads the state, say the ticks left by one, is 5 % off)."""
     from cloud_providers.local.market import MarketTrace, write_trace
-    from autoscaler.simulator.tracegen import generate_rows
+    from research.tracegen import generate_rows
 
     zone = MULTI_ZONE[3]
     rows = [r[:7] + (0.8, r[8], r[9]) for r in generate_rows((zone,), hours=3000, seed=11)]
@@ -93,7 +94,8 @@ def test_replay_realises_what_the_program_expects() -> None:
     sim = Simulation(trace, spec)
     o = sim.offerings_at(0.0)[0]
     edges = tuple(range(80))
-    dp = OnlineDP([(0.8, float(zone.mean_up_h or 0), float(zone.mean_down_h or 0))], o.on_demand_price_usd_per_hour, 324, 36, 12, edges)
+    dp = OnlineDP([(0.8, float(zone.mean_up_h or 0), float(zone.mean_down_h or 0))], o.on_demand_price_usd_per_hour, 324, 36, 12,
+                  edges)
     job = make_sim_job(spec, restart_overhead_s=720)
     past = trace_history(trace, [o.key])
     times, rooms = past[o.key]

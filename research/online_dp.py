@@ -5,9 +5,9 @@ run; what they cannot weigh is the whole future that an age implies (a young out
 market usually ends soon, an old run usually lasts, a restart spends slack the rest of the job may
 need). A program over a model of the markets weighs exactly that. Two users:
 
-- ``autoscaler.simulator.online_bound`` solves it with the generator's *true* parameters over every
+- ``research.online_bound`` solves it with the generator's *true* parameters over every
   zone of a market (the online bound: no online policy can be expected to beat it).
-- ``autoscaler.simulator.planner`` solves it with parameters *estimated* from the market's past, over
+- ``research.planner`` solves it with parameters *estimated* from the market's past, over
   subsets of a few markets (``Program``), as a model-based decision rule (docs/policy.md, round 9).
 
 The model (``tracegen``'s): each market alternates available runs and outages with Lomax lengths

@@ -1,12 +1,12 @@
-"""cost_models.online_dp.Program: the planner's program is the online bound's, solved once for every job."""
+"""research.online_dp.Program: the planner's program is the online bound's, solved once for every job."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from autoscaler.simulator.online_bound import OnlineDP
-from cost_models.online_dp import AGE_EDGES, INFEASIBLE, PLANNER_EDGES, MarketModel, Program, market_state
+from research.online_bound import OnlineDP
+from research.online_dp import AGE_EDGES, INFEASIBLE, PLANNER_EDGES, MarketModel, Program, market_state
 
 MARKETS = [MarketModel(0.82, 4.0, 1.0), MarketModel(0.93, 5.0, 1.5)]
 

@@ -16,12 +16,13 @@ means), rounded to the 5-minute grid, independently per zone. For one fixed 1-in
 
 Two approximations: ages are bucketed (realised costs move by under 0.3 % between 5 buckets and exact
 ages), and a restart cut short by a preemption leaves its unfinished minutes as work in the program,
-where the simulator drops them (the program is slightly pessimistic there; replays do not change). It is optimal in expectation over markets drawn from the model; on one trace a policy
+where the simulator drops them (the program is slightly pessimistic there; replays do not change).
+It is optimal in expectation over markets drawn from the model; on one trace a policy
 tuned to that trace can do a little better by luck. ``OnlineDPPolicy`` replays it through the
 simulator reading only the trace's past, so its figures come from the same accounting as every
 other policy's. Memory and time grow as
 (2 x buckets)^zones x slack: fine for up to 3 zones, minutes and gigabytes for 4. The market model
-itself (``zone_transitions``) is ``cost_models.online_dp``'s, shared with the planner.
+itself (``zone_transitions``) is ``research.online_dp``'s, shared with the planner.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoscaler.policy.base import Allocation, JobView, Placement, PolicyInput
+from autoscaler.policy.jobmath import remaining_work
 from cloud_providers.base import ON_DEMAND, SPOT
 from cloud_providers.local.market import MarketTrace
-from cost_models.online_dp import AGE_EDGES, INFEASIBLE, TICK_MIN, age_bucket, zone_transitions
-
-from ..policy.base import Allocation, JobView, Placement, PolicyInput
-from ..policy.jobmath import remaining_work
+from research.online_dp import AGE_EDGES, INFEASIBLE, TICK_MIN, age_bucket, zone_transitions
 
 __all__ = ["AGE_EDGES", "OnlineDP", "OnlineDPPolicy", "age_bucket", "ticks_and_slack", "trace_history",
            "zone_transitions"]
@@ -133,7 +133,8 @@ class OnlineDPPolicy:
 
     name = "bayes-online"
 
-    def __init__(self, dp: OnlineDP, keys: Sequence[str], od_key: str, past: dict[str, tuple[list[float], list[int]]], restart_s: float) -> None:
+    def __init__(self, dp: OnlineDP, keys: Sequence[str], od_key: str, past: dict[str, tuple[list[float], list[int]]],
+                 restart_s: float) -> None:
         self.dp, self.keys, self.od_key, self.past, self.restart_s = dp, list(keys), od_key, past, restart_s
         self.last_move_s = -math.inf
 

@@ -1,16 +1,16 @@
-"""The model-based rule tried for issue 15 (autoscaler/simulator/planner.py): online, safe, and a saving."""
+"""The model-based rule tried for issue 15 (research/planner.py): online, safe, and a saving."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
 import numpy as np
-from conftest import make_spec
+from research_support import make_spec
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named
-from autoscaler.simulator.planner import MarketPast, PlannerPolicy
-from autoscaler.simulator.tracegen import MULTI_ZONE, generate_rows, generate_trace
 from cloud_providers.local.market import MarketTrace, write_trace
+from research.planner import MarketPast, PlannerPolicy
+from research.tracegen import MULTI_ZONE, generate_rows, generate_trace
 
 
 def test_the_market_model_reads_only_the_past() -> None:

@@ -10,7 +10,7 @@ makes it good and drops what makes it slow:
   formulas (``cost_models.hazard``: Gamma-Poisson hazard, outage hours per drop, the same priors),
   and its price is the mean spot price seen so far. Nothing after the refresh time is read.
 - **Subsets.** One program per subset of ``subset_size`` of the ``markets`` cheapest spot markets
-  (``cost_models.online_dp.Program``: three markets, coarse age buckets, slack capped at
+  (``research.online_dp.Program``: three markets, coarse age buckets, slack capped at
   ``slack_cap_min``). Restricting a job to a subset is a policy the job could follow, so each
   subset's value is an upper bound on the job's expected bill; at every decision the rule takes the
   move of the subset whose value is lowest from the job's present state (which markets are up, how
@@ -37,13 +37,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoscaler.policy.base import Allocation, Placement, PolicyInput
 from cloud_providers.base import ON_DEMAND, SPOT
 from cloud_providers.local.market import MarketTrace
 from cost_models.hazard import HazardEvidence, hazard_per_hour, mean_outage_hours
-from cost_models.online_dp import PLANNER_EDGES, TICK_MIN, MarketModel, Program, market_state
-
-from ..policy.base import Allocation, Placement, PolicyInput
-from .online_bound import ticks_and_slack, trace_history
+from research.online_bound import ticks_and_slack, trace_history
+from research.online_dp import PLANNER_EDGES, TICK_MIN, MarketModel, Program, market_state
 
 DAY_S = 86400.0
 
@@ -154,7 +153,8 @@ class PlannerPolicy:
         best: tuple[float, str] | None = None
         for sub, prog in programs.items():
             members = [chosen[i] for i in sub]
-            pos = 0 if where is None else (prog.on_demand if where == ON_DEMAND else (1 + members.index(where) if where in members else 0))
+            spot_pos = 1 + members.index(where) if where in members else 0
+            pos = 0 if where is None else (prog.on_demand if where == ON_DEMAND else spot_pos)
             joint = 0
             for i in sub:
                 joint = joint * prog.Z + states[i]

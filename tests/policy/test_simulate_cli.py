@@ -1,33 +1,18 @@
-"""Trace generator statistics and the simulate / estimate CLI contract."""
+"""The simulate / estimate CLI contract (on a generated trace; the generator's own statistics: tests/research/test_tracegen.py)."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from autoscaler.cli.estimate import command as estimate
 from autoscaler.cli.simulate import command as simulate
 from autoscaler.errors import SpecError
-from autoscaler.simulator.tracegen import SINGLE_ZONE, generate_trace, generate_trace_text
+from research.tracegen import SINGLE_ZONE, generate_trace_text
 
 KEYS = {"policy", "cost_usd", "finish_hours", "deadline_met", "preemptions", "spot_hours", "on_demand_hours"}
-
-
-def test_generator_is_seeded_and_heavy_tailed() -> None:
-    assert generate_trace_text(SINGLE_ZONE, hours=200, seed=3) == generate_trace_text(SINGLE_ZONE, hours=200, seed=3)
-    tr = generate_trace(SINGLE_ZONE, hours=24 * 60, seed=3)
-    key = tr.keys[0]
-    times = [t for t in tr.change_times()]
-    avail = [tr.offering_at(key, t).spot_available for t in times]
-    runs = np.diff(np.array(times + [tr.duration_s]))
-    up = runs[np.array(avail) > 0] / 3600
-    share = up.sum() / (runs.sum() / 3600)
-    assert 0.45 < share < 0.8  # mean up 3 h, mean down 2 h
-    assert np.max(up) > 5 * np.median(up)  # heavy tail
-    assert all(t % 300 == 0 for t in times)
 
 
 @pytest.fixture()
