@@ -123,7 +123,10 @@ def _adopt(conn: Connection, branch: str) -> str:
     insp = inspect(conn)
     if branch == STATE:
         names = {i["name"] for i in insp.get_indexes("jobs")}
-        return "state_0002" if {"ix_jobs_state_submitted", "ix_jobs_submitted"} <= names else revision
+        if not {"ix_jobs_state_submitted", "ix_jobs_submitted"} <= names:
+            return revision
+        columns = {c["name"] for c in insp.get_columns("jobs")}
+        return "state_0003" if "checkpoint_key" in columns else "state_0002"
     return "agents_0002" if insp.has_table("agent_seqs") else revision
 
 
