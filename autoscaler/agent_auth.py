@@ -33,7 +33,7 @@ from pathlib import Path
 from cloud_providers.remote.wire import SignedRequest, request_signature
 
 from .errors import SpotrainError
-from .home import fleet_dir, home
+from .home import fleet_dir, home, publish_secret
 
 AGENT_TOKEN_FILE = "agent-token"
 
@@ -53,31 +53,13 @@ def _read_key(path: Path) -> str:
     return key
 
 
-def _publish(path: Path, key: str) -> bool:
-    """Put ``key`` at ``path`` whole, mode 0600, unless a key is there already: True if this one won."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(key + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)  # atomic, and refuses to replace: the first controller's key stands
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def ensure_agent_token() -> str:
     """The fleet's agent key (separate from the user API token), made on first use (see module doc)."""
     path = agent_token_path()
     if not path.exists():
         legacy = home() / AGENT_TOKEN_FILE
         seed = legacy.read_text().strip() if legacy != path and legacy.is_file() else ""
-        _publish(path, seed or secrets.token_urlsafe(32))
+        publish_secret(path, seed or secrets.token_urlsafe(32))  # the first controller's key stands
     return _read_key(path)
 
 

@@ -80,6 +80,28 @@ def _read_secret(p: Path) -> str:
     return tok
 
 
+def publish_secret(p: Path, value: str) -> bool:
+    """Put ``value`` at ``p`` whole, mode 0600, unless a file is there already: True if this one won.
+    It is written to a temporary file, flushed to disk and then hard-linked into place, which is
+    atomic and never replaces a file a concurrent writer linked first; so a full disk or a crash
+    leaves no file or a whole one, never an empty secret. ``OSError`` as the system gives it."""
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(value + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, p)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 def ensure_secret(p: Path) -> str:
     """Read a secret file, creating it with a fresh random token (mode 0600, never wider) if absent.
 
@@ -92,22 +114,11 @@ def ensure_secret(p: Path) -> str:
                 os.chmod(p, 0o600)  # a secret readable by others is narrowed, not used as found
         return _read_secret(p)
     tok = secrets.token_urlsafe(32)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(tok + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, p)  # never replaces one a concurrent start made first
-        except FileExistsError:
+        if not publish_secret(p, tok):  # a concurrent start made one first
             return _read_secret(p)
     except OSError as exc:
         raise SecretError(f"{p}: cannot write a new secret ({type(exc).__name__}: {exc})") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
     return tok
 
 
