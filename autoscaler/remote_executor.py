@@ -63,7 +63,7 @@ from sqlalchemy.engine.url import make_url
 from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import GangState, WorkerLaunch, WorkerStatus
-from cloud_providers.protocol import ENV_CHECKPOINT_URI
+from cloud_providers.protocol import ENV_CHECKPOINT_URI, ProgressError, ProgressRecord, parse_progress
 from cloud_providers.remote.wire import (
     STATE_EXITED,
     STATE_IDLE,
@@ -315,11 +315,12 @@ class RemoteExecutor:
             if row is not None and row.stop_attempt < row.attempt:
                 row.stop_attempt = row.attempt
 
-    def progress(self, job_id: str) -> dict[str, Any] | None:
+    def progress(self, job_id: str) -> ProgressRecord | None:
+        """Rank 0's last record as its agent relayed it (checked by ``parse_progress`` when received)."""
         with self.tables.session() as s:
             row = s.get(AgentProgress, job_id)
         data = _loads(row.progress_json) if row is not None else None
-        return data if isinstance(data, dict) else None
+        return data if isinstance(data, dict) else None  # type: ignore[return-value]
 
     def progress_file(self, job_id: str) -> str:
         """Rank 0 writes its progress file on its own instance; this names it for messages."""
@@ -425,8 +426,13 @@ class RemoteExecutor:
                 prog = AgentProgress(job_id=assigned.job_id, attempt=0)
                 s.add(prog)
             if report.attempt >= prog.attempt:
+                try:
+                    record = parse_progress(dict(report.progress))
+                except ProgressError as exc:  # the job's last good record stays
+                    log.warning("agent of %s: progress of %s ignored: %s", instance_id, assigned.job_id, exc)
+                    return
                 prog.attempt, prog.reported_at = report.attempt, now
-                prog.progress_json = json.dumps(dict(report.progress))
+                prog.progress_json = json.dumps(dict(record))
 
     def accept_seq(self, decision_id: str, seq: int) -> int | None:
         """Take request counter ``seq`` from ``decision_id``'s agent: None if taken (it is above every

@@ -18,6 +18,7 @@ Every error a cloud SDK raises is translated where it enters, to the most specif
     ├── FileRefused           (safe_files.py: a user's file is not a bounded regular file of sane YAML/JSON)
     │   └── UnsafeJobFile     (jobfiles.py: a file a job wrote is a link, not regular, or over its cap)
     ├── WireError             (remote/wire.py: an agent <-> controller message breaks the wire format)
+    ├── ProgressError         (protocol.py: a worker's progress file is not a progress record)
     ├── MetadataError         (remote/metadata.py: the instance's metadata service cannot be read)
     ├── WorkdirError          (remote/workdir.py: the job's shipped workdir is unreadable, tampered or unsafe)
     ├── ControllerUnreachable (remote/agent.py: the agent's controller does not answer; retry later)

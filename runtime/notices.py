@@ -10,6 +10,12 @@ ignores proxy settings. IMDSv2 is used (a session token from ``PUT /latest/api/t
 https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html,
 https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html and
 https://cloud.google.com/compute/docs/instances/create-use-preemptible#detecting_if_an_instance_was_preempted.
+
+The agent (``cloud_providers/remote/metadata.py``) reads the same documents for the controller: its
+classes are ``AwsImds`` and ``GceMetadata``, these are the workers' own pollers, named apart so that
+an import cannot pick the wrong one. The dependency rule (runtime imports only cost_models,
+cloud_providers nothing of ours) keeps the two HTTP clients apart; where an agent runs, it writes what
+it sees into the notice file, and the workers need no metadata source of their own.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def _parse_iso_utc(text: str) -> float | None:
         return None
 
 
-class AwsImds:
+class ImdsNoticePoller:
     """Polls the spot instance-action and rebalance-recommendation documents (IMDSv2)."""
 
     TOKEN_TTL_S = 21600
@@ -116,7 +122,7 @@ class AwsImds:
         return notices
 
 
-class GceMetadata:
+class GcePreemptedPoller:
     """Polls ``instance/preempted`` (``TRUE`` once the instance is being preempted)."""
 
     def __init__(self, endpoint: str, timeout_s: float = 1.0) -> None:
@@ -147,11 +153,11 @@ class NoticeWatcher:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._old_handler: Callable[[int, FrameType | None], Any] | int | None = None
-        self._pollers: list[AwsImds | GceMetadata] = []
+        self._pollers: list[ImdsNoticePoller | GcePreemptedPoller] = []
         if NOTICE_SOURCE_AWS in config.sources:
-            self._pollers.append(AwsImds(config.aws_imds_endpoint))
+            self._pollers.append(ImdsNoticePoller(config.aws_imds_endpoint))
         if NOTICE_SOURCE_GCE in config.sources:
-            self._pollers.append(GceMetadata(config.gce_metadata_endpoint))
+            self._pollers.append(GcePreemptedPoller(config.gce_metadata_endpoint))
 
     def start(self) -> "NoticeWatcher":
         if self.config.handle_sigterm and threading.current_thread() is threading.main_thread():

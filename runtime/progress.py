@@ -2,7 +2,9 @@
 
 The file is rewritten atomically (temporary file + ``os.replace``) so that a reader never sees half a
 JSON document. Writes are throttled to one per ``interval_s`` unless forced (checkpoint, metric,
-final weights, exit), which keeps the cost per step to a clock read.
+final weights, exit), which keeps the cost per step to a clock read. Every field written is one of
+the worker protocol's progress record (``protocol.PROGRESS_FIELDS``): a field the contract does not
+name is a bug here, refused at once rather than ignored by the controller.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import os
 import time
 from typing import Any
+
+from . import protocol
 
 
 class ProgressWriter:
@@ -21,6 +25,9 @@ class ProgressWriter:
         self._last_write = 0.0
 
     def update(self, *, force: bool = False, **fields: Any) -> None:
+        unknown = sorted(set(fields) - protocol.PROGRESS_FIELDS.keys())
+        if unknown:
+            raise ValueError(f"progress fields not in the worker protocol: {', '.join(unknown)}")
         self.fields.update(fields)
         if self.path is None:
             return

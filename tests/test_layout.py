@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import typing
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,9 @@ def test_worker_protocol_copies_agree() -> None:
     names = {n for n in dir(a) if n.isupper()}
     assert names <= {n for n in dir(b) if n.isupper()}
     assert {n: getattr(a, n) for n in names} == {n: getattr(b, n) for n in names}
+    # The progress record: the same fields, of the same types, on both sides.
+    assert typing.get_type_hints(a.ProgressRecord) == typing.get_type_hints(b.ProgressRecord)
+    assert set(a.ProgressRecord.__annotations__) == set(a.PROGRESS_FIELDS)
 
 
 def test_cloud_sdks_are_imported_only_by_their_adaptor_modules() -> None:

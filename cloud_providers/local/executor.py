@@ -32,7 +32,7 @@ from typing import Any
 
 from ..executor import GangState, WorkerLaunch, WorkerStatus
 from ..jobfiles import JobFileReader, read_small_text
-from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
+from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE, ProgressError, ProgressRecord, parse_progress
 
 log = logging.getLogger("spotrain.local")
 
@@ -220,17 +220,24 @@ class LocalExecutor:
             sock.bind(("127.0.0.1", 0))
             return "127.0.0.1", int(sock.getsockname()[1])
 
-    def progress(self, job_id: str) -> dict[str, Any] | None:
+    def progress(self, job_id: str) -> ProgressRecord | None:
         """Rank 0's last report: its progress file, read without blocking (a FIFO, a device, a link or a
-        file over ``MAX_PROGRESS_BYTES`` is refused and logged once), and not again while unchanged."""
+        file over ``MAX_PROGRESS_BYTES`` is refused and logged once), and not again while unchanged. A
+        body that is not a progress record (``protocol.parse_progress``) is ignored the same way."""
         path = self.progress_file(job_id)
         data = self._progress.read_json(path)
         problem = self._progress.problem(path)
+        record: ProgressRecord | None = None
+        if isinstance(data, dict):
+            try:
+                record = parse_progress(data)
+            except ProgressError as exc:
+                problem = str(exc)
         if problem is not None and self._warned.get(job_id) != problem:
             self._warned[job_id] = problem
             log.warning("job %s: progress file ignored: %s", job_id, problem)
-        return data if isinstance(data, dict) else None
+        return record
 
-    def read_progress(self, job_ids: list[str]) -> dict[str, dict[str, Any] | None]:
+    def read_progress(self, job_ids: list[str]) -> dict[str, ProgressRecord | None]:
         """Every listed job's report (``progress``), for the controller to read before it takes its lock."""
         return {job_id: self.progress(job_id) for job_id in job_ids}

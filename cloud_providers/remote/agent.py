@@ -48,7 +48,7 @@ from ..errors import ProviderError
 from ..jobfiles import JobFileReader
 from ..launch import WorkerLaunch
 from ..local.agent import PHASE_EXITED, PHASE_SETUP, Gang
-from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE
+from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE, ProgressError, ProgressRecord, parse_progress
 from .config import AgentConfig
 from .metadata import MetadataError, NoticeSource, sources_for
 from .tls import pinned_context
@@ -307,6 +307,7 @@ class Agent:
         # (attempt, rank) -> how much of that rank's log the controller has (``_ship_output``).
         self._shipped: dict[tuple[int, int], int] = {}
         self._progress_reader = JobFileReader(max_bytes=1024 * 1024)
+        self._progress_problem: str | None = None
         self._restore()
 
     # ----- persistence across agent restarts -----
@@ -429,12 +430,21 @@ class Agent:
             return STATE_EXITED
         return STATE_SETUP if self.gang.phase == PHASE_SETUP else STATE_RUNNING
 
-    def _progress(self) -> dict[str, Any] | None:
+    def _progress(self) -> ProgressRecord | None:
         if self.launch is None or 0 not in self.launch.ranks:
             return None
         # Rank 0 could leave a FIFO or a link to /dev/zero there: read without blocking, to a cap.
         data = self._progress_reader.read_json(self.progress_file())
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return None
+        try:
+            return parse_progress(data)
+        except ProgressError as exc:
+            # Logged once per distinct problem: the agent reports every few seconds.
+            if self._progress_problem != str(exc):
+                self._progress_problem = str(exc)
+                log.warning("progress file ignored: %s", exc)
+            return None
 
     def report(self) -> Report:
         return Report(

@@ -207,9 +207,10 @@ def test_spot_interruption_server_mode_background(moto_server: Any, clock: FakeC
 def test_interruption_reaches_the_agent_through_imds(moto_server: Any, clock: FakeClock,
                                                      sleeps: SleepRecorder) -> None:
     """The whole notice path of the issue: the harness marks the moto instance and serves the IMDSv2
-    notice; the runtime's IMDS poller (what the agent runs) sees a preemption with the same deadline
-    the controller sees through ``poll``; then the instance ends with Server.SpotInstanceTermination."""
-    from runtime.notices import AwsImds
+    notice; the agent's IMDS client (``cloud_providers.remote.metadata``) sees a preemption with the
+    same deadline the controller sees through ``poll``; then the instance ends with
+    Server.SpotInstanceTermination."""
+    from cloud_providers.remote.metadata import AwsImds
     from tests.fakes.imds import FakeMetadataServer
 
     provider = make_provider(controller_id="ctl-imds", regions="us-east-1", zones="us-east-1b",
@@ -219,17 +220,18 @@ def test_interruption_reaches_the_agent_through_imds(moto_server: Any, clock: Fa
     instance = provider.launch(request)
     with FakeMetadataServer(instance_id=instance.instance_id) as imds:
         agent_view = AwsImds(imds.endpoint)
-        assert agent_view.check() == []
+        assert agent_view.check() is None
         thread = deliver_spot_interruption(instance.instance_id, notice_s=1.0, imds=imds, background=True)
         assert thread is not None
         deadline = time.time() + 5
-        while not agent_view.check() and time.time() < deadline:
+        while agent_view.check() is None and time.time() < deadline:
             time.sleep(0.05)
-        (notice,) = agent_view.check()
+        notice = agent_view.check()
+        assert notice is not None
         (seen,) = [i for i in provider.poll() if i.instance_id == instance.instance_id]
         assert seen.state is InstanceState.NOTICE
-        assert notice.reason == "preemption" and notice.deadline_unix_s is not None
-        assert abs(notice.deadline_unix_s - (seen.notice_deadline_s or 0)) <= 1.5
+        assert notice["reason"] == "preemption" and notice["deadline_unix_s"] is not None
+        assert abs(notice["deadline_unix_s"] - (seen.notice_deadline_s or 0)) <= 1.5
         thread.join(timeout=10)
     (ended,) = [i for i in provider.poll() if i.instance_id == instance.instance_id]
     assert ended.state is InstanceState.TERMINATED and ended.interruption == "preemption"

@@ -66,6 +66,23 @@ def test_a_directive_reaches_the_notice_file_and_rank0_progress_is_reported(tmp_
     assert json.loads((tmp_path / "state" / "attempts" / "1" / "notice.json").read_text())["reason"] == "rescale"
 
 
+def test_an_invalid_progress_record_is_not_reported_and_logged_once(tmp_path: Path, channel: FakeChannel,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    run = ('echo \'{"step": "five"}\' > "$SPOTRAIN_PROGRESS_FILE"; '
+           'while [ ! -e "$SPOTRAIN_NOTICE_FILE" ]; do sleep 0.02; done; exit 85')
+    agent = Agent(agent_config(tmp_path), channel=channel, sources=[])
+    channel.assign(rank_assignment(tmp_path, run))
+    with caplog.at_level("WARNING", logger="spotrain.agent"):
+        drive(agent, lambda: len(channel.reports) >= 3 and channel.reports[-1].state == STATE_RUNNING
+              and (tmp_path / "state" / "attempts" / "1" / "progress.json").exists())
+        agent.report(), agent.report()
+    channel.assign(rank_assignment(tmp_path, run), notice={"reason": "rescale"})
+    drive(agent, lambda: channel.reports[-1].state == STATE_EXITED)
+    assert all(r.progress is None for r in channel.reports)
+    lines = [r.getMessage() for r in caplog.records if "progress file ignored" in r.getMessage()]
+    assert lines == ["progress file ignored: progress field step: expected int, got 'five'"]
+
+
 def test_the_clouds_spot_notice_from_imds_is_relayed_and_reported(tmp_path: Path, channel: FakeChannel) -> None:
     with FakeMetadataServer(instance_id="i-0abc") as imds:
         config = agent_config(tmp_path, instance_id=None, notice_sources=("aws-imds",),

@@ -146,6 +146,17 @@ def test_progress_comes_from_the_agent_holding_rank_0_of_the_latest_attempt(exec
     assert executor.progress(JOB) == {"step": 4}
 
 
+def test_an_invalid_progress_record_is_ignored_and_the_last_good_one_stays(
+        executor: RemoteExecutor, caplog: pytest.LogCaptureFixture) -> None:
+    executor.start(launch("i-1", ranks=[0]))
+    executor.record_report("i-1", Report(attempt=1, state="running", progress={"step": 3}))
+    with caplog.at_level("WARNING"):
+        executor.record_report("i-1", Report(attempt=1, state="running", progress={"step": "4"}))
+    assert executor.progress(JOB) == {"step": 3}
+    assert [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()] == [
+        f"agent of i-1: progress of {JOB} ignored: progress field step: expected int, got '4'"]
+
+
 def test_rendezvous_is_the_agents_address_else_the_clouds(executor: RemoteExecutor) -> None:
     with pytest.raises(ProviderError, match="no private address"):
         executor.rendezvous("i-1")

@@ -13,7 +13,7 @@ import rt_launch
 from fakes.imds import FakeMetadataServer
 from runtime import protocol
 from runtime.config import NoticeConfig
-from runtime.notices import AwsImds, GceMetadata, NoticeWatcher, read_notice_file
+from runtime.notices import GcePreemptedPoller, ImdsNoticePoller, NoticeWatcher, read_notice_file
 
 
 def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
 
 def test_imds_and_gce_pollers_against_the_fake() -> None:
     with FakeMetadataServer() as fake:
-        aws, gce = AwsImds(fake.endpoint), GceMetadata(fake.endpoint)
+        aws, gce = ImdsNoticePoller(fake.endpoint), GcePreemptedPoller(fake.endpoint)
         assert aws.check() == [] and gce.check() == []
         fake.recommend_rebalance()
         (rebalance,) = aws.check()
