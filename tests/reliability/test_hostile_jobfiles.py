@@ -267,11 +267,20 @@ def test_finding10_an_absolute_in_tree_link_ships_as_a_relative_one_that_unpacks
 
 def test_finding10_a_path_too_long_for_an_instance_is_refused_at_submit(tmp_path: Path) -> None:
     root = workdir(tmp_path)
-    deep = root
-    for i in range(20):  # 20 x 200 characters: 4,000-character path, each name within NAME_MAX
-        deep = deep / (f"{i:02d}" + "d" * 198)
-    deep.mkdir(parents=True)
-    (deep / "f.py").write_text("")
+    # 20 x 200 characters: a 4,000-character path, each name within NAME_MAX. Made one directory at a
+    # time relative to the last (dir_fd): with tmp_path's own length in front (longer under xdist) the
+    # absolute path would pass PATH_MAX (4,096) and the test's own mkdir fail with ENAMETOOLONG.
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(20):
+            name = f"{i:02d}" + "d" * 198
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("f.py", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
     with pytest.raises(SpecError, match="over the 1024-byte limit") as err:
         check_workdir(root)
     assert "\n" not in str(err.value)
