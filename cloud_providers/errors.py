@@ -84,5 +84,11 @@ class InstanceNotFound(ProviderError):
     """The instance is unknown to the cloud (never existed, or long gone)."""
 
 
+class FileRefused(ProviderError, ValueError):
+    """A user's file that the product will not read (``safe_files.py``, ``jobfiles.py``); the message
+    is one line and names the file. Defined here, not in ``safe_files.py``, so that refusing a job's
+    file does not import YAML (``spotrain logs`` stays light)."""
+
+
 class SdkMissing(ProviderError, ValueError):
     """The cloud's SDK is not installed; the message names the extra that brings it."""

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .safe_files import FileRefused
+from .errors import FileRefused
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
     getattr(os, "O_NOCTTY", 0)

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ProviderError
+from .errors import FileRefused as FileRefused  # re-exported: its readers catch it from here
 
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 20
@@ -43,10 +43,6 @@ _MAX_SHOWN = 200
 # The ``context`` of the YAML errors BoundedLoader raises for valid YAML beyond its bounds (an alias,
 # deep nesting, a huge integer, a duplicate key): they are not syntax errors.
 REFUSED_CONTEXT = "document bounds"
-
-
-class FileRefused(ProviderError, ValueError):
-    """A user's file that the product will not read; the message is one line and names the file."""
 
 
 def one_line(text: str) -> str:
