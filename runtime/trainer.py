@@ -207,16 +207,6 @@ class ElasticTrainer:
         """How the batch is laid out: micro-batches per logical worker, chunks, accumulation."""
         return self.batches.plan
 
-    @property
-    def max_batch_size(self) -> int:
-        """The adaptive cap (``cost_models.batching.batch_cap``)."""
-        return self.batches.max_batch_size
-
-    @property
-    def batch_source(self) -> str:
-        """Who chooses the batch: ``controller`` (a directive is present) or ``runtime``."""
-        return self.batches.source
-
     def _check_compatible(self, manifest: dict[str, Any], step: int) -> None:
         """The checkpoint must come from the same logical layout, seed and determinism mode: with
         another, the data order and the per-logical-worker randomness change, and a bitwise job would
@@ -363,7 +353,7 @@ class ElasticTrainer:
             last_checkpoint_step=self.checkpoints.last_durable_step, stall_s=self.stall_s_total,
             last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
             progress_iterations=self.iterations.iterations, lr_factor=self.lr_factor(),
-            profile=self.profile.rows(), batch_source=self.batch_source, **layout,
+            profile=self.profile.rows(), batch_source=self.batches.source, **layout,
         )
         return StepResult(step=self.position.step, total_steps=self.total_steps, epoch=epoch,
                           epoch_end=epoch_end, loss=result.loss, step_time_s=dt, batch_size=B)
