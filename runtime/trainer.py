@@ -207,6 +207,11 @@ class ElasticTrainer:
         """How the batch is laid out: micro-batches per logical worker, chunks, accumulation."""
         return self.batches.plan
 
+    @property
+    def batch_source(self) -> str:
+        """Who chooses the batch: ``controller`` (a directive is present) or ``runtime``."""
+        return self.batches.source
+
     def _check_compatible(self, manifest: dict[str, Any], step: int) -> None:
         """The checkpoint must come from the same logical layout, seed and determinism mode: with
         another, the data order and the per-logical-worker randomness change, and a bitwise job would
