@@ -23,26 +23,16 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from cost_models import batching
-
 from . import protocol
-from .adaptive import (
-    BatchPlan,
-    Profile,
-    ScaleInvariantProgress,
-    choose_batch,
-    nodes_of,
-    parse_batch_json,
-    plan_batch,
-    round_batch,
-)
+from .adaptive import BatchPlan, Profile, ScaleInvariantProgress, nodes_of
+from .batch_control import make_batch_control
 from .checkpoint import CheckpointManager, directory_owner, prefetch_latest
+from .components import BatchState, Stateful, StepResult, clone_tensors, configure_determinism, to_device
 from .config import TrainerConfig
 from .data import DataOrder, DataPosition, fetch, logical_workers_of
 from .dist import DistContext
@@ -56,79 +46,7 @@ from .stats import ConsecutiveSteps, GradientNoiseStats, estimate
 from .store import make_store
 from .timeline import Timeline, process_start_unix_s
 
-# A gang without a controller changes its own batch only for more than this share of goodput (the
-# policy's default threshold: one rule, ``cost_models.batching``).
-REBATCH_GAIN = batching.DEFAULT_REBATCH.min_gain
-# Who chose the batch a gang trains at (the ``source`` of ``batch`` and ``lr`` events, DESIGN.md wave 3).
-SOURCE_CONTROLLER = "controller"
-SOURCE_RUNTIME = "runtime"
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
-
-
-@dataclass(frozen=True)
-class StepResult:
-    step: int  # optimizer steps done, this one included
-    total_steps: int
-    epoch: int  # epoch this step belonged to
-    epoch_end: bool
-    loss: float
-    step_time_s: float
-    batch_size: int = 0  # the global batch this step trained with
-
-
-@dataclass
-class BatchState:
-    """Batch-size state that a Pollux-style policy may change between restarts; checkpointed."""
-
-    global_batch_size: int
-    init_batch_size: int
-    accum_steps: int = 1
-
-    def state_dict(self) -> dict[str, int]:
-        return {"global_batch_size": self.global_batch_size, "init_batch_size": self.init_batch_size,
-                "accum_steps": self.accum_steps}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.global_batch_size = int(state["global_batch_size"])
-        self.init_batch_size = int(state["init_batch_size"])
-        self.accum_steps = int(state["accum_steps"])
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if device.type == "cpu":
-        return batch
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-def _clone_tensors(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _clone_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone_tensors(v) for v in obj)
-    return obj
-
-
-def configure_determinism(config: TrainerConfig) -> None:
-    """Pin threads and, in bitwise mode, deterministic kernels (must precede the first CUDA use)."""
-    torch.set_num_threads(config.num_threads)
-    if config.training.determinism == "bitwise":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+__all__ = ["ElasticTrainer", "StepResult", "configure_determinism", "exit_worker", "prefetch_checkpoint"]
 
 
 class ElasticTrainer:
@@ -159,21 +77,18 @@ class ElasticTrainer:
         self.logical_ids = logical_workers_of(self.ctx.rank, self.ctx.world_size, self.training.logical_workers)
         self.order = DataOrder(num_samples=len(dataset), seed=self.training.seed)  # type: ignore[arg-type]
         self.position = DataPosition()
-        self.batch = BatchState(global_batch_size=self.training.global_batch_size,
-                                init_batch_size=self.training.global_batch_size)
-        if self.order.steps_in_epoch(self.batch.global_batch_size) < 1:
-            raise ValueError(f"training.global_batch_size ({self.batch.global_batch_size}) exceeds the dataset "
-                             f"({self.order.num_samples} samples)")
+        self.timeline = Timeline(config.timeline_file if self.is_rank0 else None, attempt=config.attempt)
         self.noise = GradientNoiseStats()
-        # Issue 11: per-configuration step/sync times, scale-invariant progress, the batch plan.
+        # Issue 11: per-configuration step/sync times, scale-invariant progress, the batch and its plan.
         self.profile = Profile()
+        nodes = nodes_of(self.ctx.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", self.ctx.world_size)))
+        self.batches = make_batch_control(config=config, ctx=self.ctx, nodes=nodes, order=self.order,
+                                          position=self.position, profile=self.profile, noise=self.noise,
+                                          timeline=self.timeline, say=self._say)
         self.iterations = ScaleInvariantProgress()
         self.consecutive = ConsecutiveSteps() if self.training.logical_workers == 1 else None
         self.adaptive = self.training.batch_policy == "adaptive"
         self.adaptive_optimizer = is_adaptive_optimizer(optimizer)
-        self.nodes = nodes_of(self.ctx.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", self.ctx.world_size)))
-        self.plan = self._plan(self.batch.global_batch_size)
-        self._measure_after = 0
         if self.adaptive_optimizer and self.training.lr_scaling == "adascale" and self.adaptive:
             self._say("note: lr_scaling adascale with an Adam-family optimizer scales the learning rate by the "
                       "square root of the AdaScale gain (AdaptDL's AdamScale); progress still counts the gain")
@@ -188,7 +103,6 @@ class ElasticTrainer:
         self.progress = ProgressWriter(config.progress_file if self.is_rank0 else None,
                                        interval_s=config.progress_interval_s)
         self.watcher = NoticeWatcher(config.notices).start()
-        self.timeline = Timeline(config.timeline_file if self.is_rank0 else None, attempt=config.attempt)
         started = process_start_unix_s()
         if started is not None:
             self.timeline.mark("process_start", t_unix_s=started)
@@ -221,7 +135,7 @@ class ElasticTrainer:
             "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
             "extra": {k: v.state_dict() for k, v in self._extra.items()},
             "noise": self.noise.state_dict(),
-            "batch": self.batch.state_dict(),
+            "batch": self.batches.state_dict(),
             "position": self.position.state_dict(),
             "trainer": {"metric": self.metric, "metric_name": self.metric_name},
             "adaptive": {"iterations": self.iterations.state_dict(), "profile": self.profile.state_dict()},
@@ -232,7 +146,7 @@ class ElasticTrainer:
         self.model.load_state_dict(state["model"])
         # A loaded checkpoint's tensors are views into its read buffers; the model copies its part,
         # the rest is cloned so that nothing keeps a whole buffer alive.
-        state = {k: v if k == "model" else _clone_tensors(v) for k, v in state.items()}
+        state = {k: v if k == "model" else clone_tensors(v) for k, v in state.items()}
         self.optimizer.load_state_dict(state["optimizer"])
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -243,13 +157,7 @@ class ElasticTrainer:
                 obj.load_state_dict(state["extra"][name])
         self.noise.load_state_dict(state["noise"])
         self.position.load_state_dict(state["position"])
-        saved_batch = BatchState(global_batch_size=0, init_batch_size=0)
-        saved_batch.load_state_dict(state["batch"])
-        if self.training.batch_policy == "adaptive":
-            self.batch = saved_batch
-        elif saved_batch.global_batch_size != self.batch.global_batch_size:
-            self._say(f"warning: checkpoint used global batch {saved_batch.global_batch_size}, "
-                      f"continuing with the configured {self.batch.global_batch_size}")
+        self.batches.load_state_dict(state["batch"])
         self.metric = state["trainer"].get("metric")
         self.metric_name = state["trainer"].get("metric_name")
         adaptive = state.get("adaptive")  # absent in checkpoints written before issue 11
@@ -287,85 +195,22 @@ class ElasticTrainer:
             with torch.no_grad():
                 for t in list(self.model.parameters()) + list(self.model.buffers()):
                     self.ctx.broadcast_(t.data)
-        self._start_batch()
-
-    def _plan(self, batch_size: int) -> BatchPlan:
-        return plan_batch(batch_size, world_size=self.ctx.world_size, logical_workers=self.training.logical_workers,
-                          max_local_bsz=self.training.max_local_batch_size)
+        self.batches.start()
 
     @property
-    def max_batch_size(self) -> int:
-        """The adaptive cap (``cost_models.batching.batch_cap``): ``training.max_batch_size``, else M0 x
-        logical workers, within the dataset."""
-        return batching.batch_cap(self.batch.init_batch_size, self.training.logical_workers,
-                                  self.training.max_batch_size, self.order.num_samples)
+    def batch(self) -> BatchState:
+        """The batch this gang trains at (checkpointed; ``batch_policy: adaptive`` may change it)."""
+        return self.batches.state
+
+    @property
+    def plan(self) -> BatchPlan:
+        """How the batch is laid out: micro-batches per logical worker, chunks, accumulation."""
+        return self.batches.plan
 
     @property
     def batch_source(self) -> str:
-        """``controller`` when a controller runs the gang (its directive ``SPOTRAIN_BATCH_JSON`` is
-        present: the policy is then the only decider of the batch), else ``runtime``."""
-        return SOURCE_CONTROLLER if self.config.batch_json is not None else SOURCE_RUNTIME
-
-    def _optimized_batch(self, *, current: int | None = None) -> int | None:
-        return choose_batch(self.profile, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
-                            nodes=self.nodes, replicas=self.ctx.world_size,
-                            logical_workers=self.training.logical_workers, init_batch_size=self.batch.init_batch_size,
-                            max_batch_size=self.max_batch_size, max_local_bsz=self.training.max_local_batch_size,
-                            current=current, min_gain=REBATCH_GAIN if current is not None else 0.0)
-
-    def _set_batch(self, decide: Callable[[], int | None], source: str) -> None:
-        """Rank 0 decides (``decide() -> batch or None``) and broadcasts, so every rank trains with the
-        same batch; the plan follows, and its first step is not measured."""
-        chosen = torch.tensor([self.batch.global_batch_size], dtype=torch.int64)
-        if self.is_rank0:
-            target = decide()
-            if target is not None:
-                chosen[0] = target
-        if self.ctx.distributed:
-            chosen = self.ctx.broadcast_(chosen.to(self.ctx.device)).cpu()
-        if int(chosen[0]) != self.batch.global_batch_size:
-            self._say(f"batch {self.batch.global_batch_size} -> {int(chosen[0])} on {self.ctx.world_size} "
-                      f"worker(s) at step {self.position.step}, from {source} (source={self.batch_source})")
-            self.timeline.mark("batch", step=self.position.step, batch_size=int(chosen[0]),
-                               was=self.batch.global_batch_size, source=self.batch_source)
-            self.batch.global_batch_size = int(chosen[0])
-            if not self.order.has_batch(self.position, self.batch.global_batch_size):
-                # What is left of this epoch holds no batch of the new size: the next epoch starts
-                # now, as ``DataOrder.advance`` does when a step leaves less than a batch.
-                self.position.epoch += 1
-                self.position.samples_in_epoch = 0
-        self.plan = self._plan(self.batch.global_batch_size)
-        self._measure_after = self.position.step + 1
-
-    def _start_batch(self) -> None:
-        """This gang's batch (``batch_policy: adaptive``; ``runtime.adaptive``): the controller's
-        directive, else the optimizer on the checkpointed profile, else the batch as it was."""
-        if not self.adaptive:
-            self.plan = self._plan(self.batch.global_batch_size)
-            self._measure_after = self.position.step + 1  # the gang's first step is not measured
-            return
-        if self.config.batch_json is not None:
-            directive = parse_batch_json(self.config.batch_json)
-            # A malformed directive keeps the batch as it was: the controller still decides.
-            self._set_batch(lambda: None if directive is None else round_batch(
-                directive, logical_workers=self.training.logical_workers, init_batch_size=self.batch.init_batch_size,
-                max_batch_size=self.max_batch_size), "the controller's directive")
-        else:
-            if self.config.rebatch_every_steps:
-                self._say(f"no controller runs this job: the runtime chooses its own batch (the goodput optimizer, "
-                          f"re-optimized every {self.config.rebatch_every_steps} steps; source={SOURCE_RUNTIME})")
-            self._set_batch(self._optimized_batch, "the goodput optimizer")
-
-    def _maybe_rebatch(self) -> None:
-        """Only without a controller (no directive: ``python train.py``, ``torchrun``) the runtime
-        re-optimizes every ``rebatch_every_steps`` (more than 5 % predicted goodput, as Pollux). With a
-        directive the policy is the only decider: it changes the batch by restarting the gang."""
-        every = self.config.rebatch_every_steps
-        if (not self.adaptive or not every or self.config.batch_json is not None
-                or self.position.step % every or self.done):
-            return
-        self._set_batch(lambda: self._optimized_batch(current=self.batch.global_batch_size),
-                        "the goodput optimizer (more than 5 % goodput)")
+        """Who chooses the batch: ``controller`` (a directive is present) or ``runtime``."""
+        return self.batches.source
 
     def _check_compatible(self, manifest: dict[str, Any], step: int) -> None:
         """The checkpoint must come from the same logical layout, seed and determinism mode: with
@@ -437,7 +282,7 @@ class ElasticTrainer:
                               f"{protocol.EXIT_RESCHEDULE}")
                     return
             result = self._train_step()
-            self._maybe_rebatch()
+            self.batches.maybe_rebatch(done=self.done)
             if "first_step" not in self.timeline.seen:
                 self.timeline.mark("first_step", step=result.step, step_time_s=result.step_time_s)
                 if self.is_rank0:  # the optimizer's state exists now: the state has its final shapes
@@ -468,7 +313,7 @@ class ElasticTrainer:
             self.reducer.begin_logical(j)
             parts = [idx] if chunks == 1 else np.array_split(idx, chunks)
             for i, part in enumerate(parts):
-                batch = _to_device(fetch(self.dataset, part), self.ctx.device)
+                batch = to_device(fetch(self.dataset, part), self.ctx.device)
                 loss = self.loss_fn(self.model, batch)
                 weight = 1.0 if chunks == 1 else len(part) / len(idx)
                 scaled = self.reducer.backward_loss(loss, weight=weight, last=i == len(parts) - 1)
@@ -476,7 +321,7 @@ class ElasticTrainer:
             self.reducer.end_logical(j, self.reducer.logical_loss)
         # On CUDA the end of the backward pass is only known after waiting for the compute stream (not
         # the all-reduces': they have their own), which costs a little overlap: every noise_every_steps.
-        measure = step >= self._measure_after and (self.ctx.device.type != "cuda"
+        measure = step >= self.batches.measure_after and (self.ctx.device.type != "cuda"
                                                    or step % self.config.noise_every_steps == 0)
         if measure and self.ctx.device.type == "cuda":
             torch.cuda.current_stream(self.ctx.device).synchronize()
@@ -503,8 +348,9 @@ class ElasticTrainer:
         dt = time.perf_counter() - t0
         if measure:
             p = self.plan
-            self.profile.add((self.nodes, self.ctx.world_size, p.local_bsz, p.accum_steps), dt, sync_s)
+            self.profile.add((self.batches.nodes, self.ctx.world_size, p.local_bsz, p.accum_steps), dt, sync_s)
         self._step_time_ema = dt if self._step_time_ema is None else 0.9 * self._step_time_ema + 0.1 * dt
+        layout: dict[str, Any] = self.plan.to_json()  # its keys name layout fields, never ``force``
         self.progress.update(
             step=self.position.step, total_steps=self.total_steps, epoch=self.position.epoch, loss=result.loss,
             step_time_s=self._step_time_ema, samples_per_s=B / self._step_time_ema,
@@ -512,7 +358,7 @@ class ElasticTrainer:
             last_checkpoint_step=self.checkpoints.last_durable_step, stall_s=self.stall_s_total,
             last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
             progress_iterations=self.iterations.iterations, lr_factor=self.lr_factor(),
-            profile=self.profile.rows(), batch_source=self.batch_source, **self.plan.to_json(),
+            profile=self.profile.rows(), batch_source=self.batches.source, **layout,
         )
         return StepResult(step=self.position.step, total_steps=self.total_steps, epoch=epoch,
                           epoch_end=epoch_end, loss=result.loss, step_time_s=dt, batch_size=B)
@@ -587,7 +433,7 @@ class ElasticTrainer:
             "layout": {str(r): list(logical_workers_of(r, self.ctx.world_size, self.training.logical_workers))
                        for r in range(self.ctx.world_size)},
             "data_position": self.position.state_dict(),
-            "batch": self.batch.state_dict(),
+            "batch": self.batches.state_dict(),
             "progress_iterations": self.iterations.iterations,
             "profile": self.profile.rows(),
             "determinism": self.training.determinism,
