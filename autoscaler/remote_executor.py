@@ -56,7 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine.url import make_url
 
@@ -82,7 +82,7 @@ from . import log_cap
 from .home import logs_dir
 from .state import InstanceRow, Store
 from .state.store import Database
-from .state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq
+from .state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq, Base
 from .workdir_shipper import WorkdirShipper, is_pending
 
 log = logging.getLogger("spotrain.remote")
@@ -152,7 +152,8 @@ def check_report(report: Report) -> None:
 
 
 # ----- storage -------------------------------------------------------------------------------------
-AGENT_TABLES = [AgentAssignment.__table__, AgentReport.__table__, AgentProgress.__table__, AgentSeq.__table__]
+AGENT_TABLES = [Base.metadata.tables[model.__tablename__]
+                for model in (AgentAssignment, AgentReport, AgentProgress, AgentSeq)]
 
 
 def agent_db_url(controller_db_url: str) -> str:
@@ -357,9 +358,10 @@ class RemoteExecutor:
             return Assignment(instance_id=instance_id)
         launch = launch_from_json(json.loads(row.launch_json))
         if is_pending(launch.workdir):
-            launch = self._with_workdir(instance_id, launch)
-            if launch is None:  # still being packed: the agent waits, as for a slow boot
+            shipped = self._with_workdir(instance_id, launch)
+            if shipped is None:  # still being packed: the agent waits, as for a slow boot
                 return Assignment(instance_id=instance_id, stop_attempt=row.stop_attempt)
+            launch = shipped
         return Assignment(instance_id=instance_id, launch=launch, notice=_loads(row.notice_json),
                           stop_attempt=row.stop_attempt)
 
@@ -435,8 +437,10 @@ class RemoteExecutor:
         one taken before), else the highest taken (a replayed or stale request). Atomic in the
         database, so one value is taken once across the fleet's controllers and their restarts."""
         with self.tables.session() as s:
-            taken = s.execute(update(AgentSeq).where(AgentSeq.decision_id == decision_id, AgentSeq.seq < seq)
-                              .values(seq=seq)).rowcount
+            result = s.execute(update(AgentSeq).where(AgentSeq.decision_id == decision_id, AgentSeq.seq < seq)
+                               .values(seq=seq))
+            assert isinstance(result, CursorResult)  # an UPDATE's result is its cursor's (rowcount)
+            taken = result.rowcount
             if taken:
                 return None
             row = s.get(AgentSeq, decision_id)

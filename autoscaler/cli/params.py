@@ -4,12 +4,17 @@ floats, and would otherwise reach the simulator as a hang or a traceback)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+if TYPE_CHECKING:
+    _FloatParamType = click.ParamType[float]
+else:  # generic in recent click (8.4) only; at run time 8.1-8.2 (supported) cannot subscript it
+    _FloatParamType = click.ParamType
 
-class FiniteFloat(click.ParamType):
+
+class FiniteFloat(_FloatParamType):
     """A finite float, optionally at least ``min``."""
 
     name = "number"

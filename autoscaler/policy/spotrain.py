@@ -94,7 +94,7 @@ class _KeyedOffering(Offering):
     thousand jobs)."""
 
     @functools.cached_property
-    def key(self) -> str:  # type: ignore[override]
+    def key(self) -> str:
         return offering_key(self.cloud, self.zone, self.instance_type, self.accelerator, self.gpus)
 
 
