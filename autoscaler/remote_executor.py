@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import CursorResult, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine.url import make_url
+from sqlalchemy.exc import IntegrityError
 
 from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
 from cloud_providers.errors import ProviderError
@@ -76,13 +76,13 @@ from cloud_providers.remote.wire import (
     launch_to_json,
 )
 
+from . import log_cap
 from .agent_auth import agent_credential, agent_token_path, decision_of, ensure_agent_token
 from .errors import SpotrainError
-from . import log_cap
 from .home import logs_dir
 from .state import InstanceRow, Store
-from .state.store import Database
 from .state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq, Base
+from .state.store import Database
 from .workdir_shipper import WorkdirShipper, is_pending
 
 log = logging.getLogger("spotrain.remote")

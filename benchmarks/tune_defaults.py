@@ -44,13 +44,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoscaler.policy.params import PolicyParams, load_params_file, save_params_file  # noqa: E402
-from autoscaler.policy.tuning import (INFEASIBLE, Score, Windows, combine, objective_value, score, split_windows,  # noqa: E402
-                                      train_and_test_starts, tune_with)
-from autoscaler.simulator import Simulation, SimJob, make_sim_job  # noqa: E402
-from autoscaler.simulator.tracegen import generate_trace  # noqa: E402
-
 from policy_cost import SCENARIOS, TRACE_DAYS, _spec  # noqa: E402
+
+from autoscaler.policy.params import PolicyParams, load_params_file, save_params_file  # noqa: E402
+from autoscaler.policy.tuning import (  # noqa: E402
+    INFEASIBLE,
+    Score,
+    Windows,
+    combine,
+    objective_value,
+    score,
+    split_windows,
+    train_and_test_starts,
+    tune_with,
+)
+from autoscaler.simulator import SimJob, Simulation, make_sim_job  # noqa: E402
+from autoscaler.simulator.tracegen import generate_trace  # noqa: E402
 
 TRAIN_FRACTION = 0.6
 # The hand-tuned defaults (docs/policy.md's rounds 1-8), shipped as DEFAULT_PARAMS: trial 0 and the baseline.

@@ -19,7 +19,6 @@ from autoscaler.spec import load_spec
 from autoscaler.state import Decision, Store
 from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
 from cloud_providers.local.scenario import parse_scenario
-
 from support import PROTOCOL_WORKER, worker_pids, write_pw_spec
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET"}

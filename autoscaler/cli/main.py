@@ -40,7 +40,7 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module = importlib.import_module(COMMANDS[name][0])
-        cmd = getattr(module, f"{name}_command", None) or getattr(module, "command")
+        cmd = getattr(module, f"{name}_command", None) or module.command
         return cmd  # type: ignore[no-any-return]
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

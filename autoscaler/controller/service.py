@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 import logging
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from cloud_providers.base import Provider
 from cloud_providers.clock import WALL_CLOCK, Clock
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import Executor
-
-from sqlalchemy.exc import SQLAlchemyError
 
 from .. import log_cap
 from ..domain import JobNameTaken, JobState, NotOwner

@@ -47,7 +47,6 @@ from cost_models.scaling import Scaling, accelerator_speed
 from ..policy.jobmath import gang_rate, gang_shape
 from ..scaling import BatchConfig, GoodputScaling
 
-
 STEPS_PER_S = 100
 # Rounding slack when counting whole steps (a step done in float arithmetic may fall a hair short).
 STEP_EPS = 1e-6

@@ -44,11 +44,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from cloud_providers.base import Offering
 from cloud_providers.local.market import MarketTrace
 from cloud_providers.safe_files import FileRefused, read_text_file
 from cost_models.scaling import LinearScaling, ProfileScaling
-from sqlalchemy import select
 
 from ..errors import SpecError
 from ..policy.base import Policy

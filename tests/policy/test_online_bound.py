@@ -82,8 +82,8 @@ def test_replay_realises_what_the_program_expects() -> None:
     """With exact ages and constant prices the program's model is the generator's: over many starts,
     the replay's mean bill matches the program's expected bill at the start states (a replay that
     misreads the state, say the ticks left by one, is 5 % off)."""
-    from cloud_providers.local.market import MarketTrace, write_trace
     from autoscaler.simulator.tracegen import generate_rows
+    from cloud_providers.local.market import MarketTrace, write_trace
 
     zone = MULTI_ZONE[3]
     rows = [r[:7] + (0.8, r[8], r[9]) for r in generate_rows((zone,), hours=3000, seed=11)]

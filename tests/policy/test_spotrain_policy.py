@@ -8,9 +8,9 @@ import time
 import pytest
 from conftest import make_spec
 
+from autoscaler.domain import Outcome
 from autoscaler.policy import Held, JobView, PolicyInput, get_policy
 from autoscaler.policy.spotrain import SpotrainPolicy
-from autoscaler.domain import Outcome
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cloud_providers.local.market import MarketTrace
 
