@@ -510,7 +510,8 @@ class AgentGatedProvider:
         if inst.state in (InstanceState.RUNNING, InstanceState.PENDING) and seen is not None and seen.notice:
             deadline = seen.notice.get("deadline_unix_s")
             return dataclasses.replace(
-                inst, state=InstanceState.NOTICE, interruption=inst.interruption or str(seen.notice.get("reason") or "preemption"),
+                inst, state=InstanceState.NOTICE,
+                interruption=inst.interruption or str(seen.notice.get("reason") or "preemption"),
                 notice_deadline_s=float(deadline) if isinstance(deadline, (int, float)) else self.now_s(),
             )
         return inst

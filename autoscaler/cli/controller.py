@@ -70,7 +70,8 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     params = read_policy_params(policy_params)  # checked before a daemon starts: the error is seen here
     if daemon:
         args = ["--cloud", cloud, "--executor", executor, "--host", host, "--port", str(port), "--tick", repr(tick_s),
-                "--rendezvous-port", str(rendezvous_port), "--lease-ttl", repr(lease_ttl_s), *(["--id", controller_id] if controller_id else []),
+                "--rendezvous-port", str(rendezvous_port), "--lease-ttl", repr(lease_ttl_s),
+                *(["--id", controller_id] if controller_id else []),
                 *(["--advertise-url", advertise_url] if advertise_url else []),
                 *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])]
         url, log = start_daemon(args + agent_args())

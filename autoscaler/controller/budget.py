@@ -65,7 +65,8 @@ def budget_guard(ctx: Context, s: Session, job: Job, rows: list[InstanceRow], pr
     return True
 
 
-def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], by_key: Mapping[str, Offering]) -> str | None:
+def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]],
+                       by_key: Mapping[str, Offering]) -> str | None:
     """Why launching ``missing`` could cross the hard budget, or None (the policy, planning in
     decision intervals, cannot see the cloud's minimum bill)."""
     budget = ctx.spec(job).objective.budget_usd

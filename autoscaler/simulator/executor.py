@@ -221,7 +221,10 @@ class SimulatedExecutor:
         job.disrupted_s = t if job.disrupted_s is None else job.disrupted_s
         w = job.workload
         o = self._offering_of(instance_id)
-        notice_s = (o.notice_seconds if o is not None else 120.0) if notice.get("reason") == protocol.NOTICE_PREEMPTION else math.inf
+        if notice.get("reason") == protocol.NOTICE_PREEMPTION:
+            notice_s = o.notice_seconds if o is not None else 120.0
+        else:
+            notice_s = math.inf
         if notice_s >= w.checkpoint_save_s:
             # Checkpoint at the boundary, save, exit 85: no work lost.
             job.checkpoint = job.done
@@ -250,7 +253,8 @@ class SimulatedExecutor:
         if job is None:
             return None
         self._advance(job, self._now_s())
-        out: dict[str, Any] = {"step": int(math.floor(job.done * STEPS_PER_S + STEP_EPS)), "total_steps": job.workload.total_steps,
+        out: dict[str, Any] = {"step": int(math.floor(job.done * STEPS_PER_S + STEP_EPS)),
+                               "total_steps": job.workload.total_steps,
                                "last_checkpoint_step": int(math.floor(job.checkpoint * STEPS_PER_S + STEP_EPS))}
         if job.gang is not None and job.gang.rate > 0:
             out["step_time_s"] = 1.0 / (job.gang.rate * STEPS_PER_S)
