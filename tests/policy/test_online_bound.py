@@ -52,7 +52,8 @@ def test_replay_meets_deadlines_and_omniscient_stays_below(fraction: float) -> N
     keys = [offers[z.zone].key for z in zones]
     od = min(offers.values(), key=lambda o: o.on_demand_price_usd_per_hour)
     work_min = round(360 * fraction)
-    dp = OnlineDP([(float(offers[z.zone].spot_price_usd_per_hour or 0), float(z.mean_up_h or 0), float(z.mean_down_h or 0)) for z in zones],
+    dp = OnlineDP([(float(offers[z.zone].spot_price_usd_per_hour or 0), float(z.mean_up_h or 0),
+                    float(z.mean_down_h or 0)) for z in zones],
                   od.on_demand_price_usd_per_hour, work_min, 360 - work_min, 12)
     job = make_sim_job(spec, restart_overhead_s=720)
     past = trace_history(trace, keys)
@@ -93,7 +94,8 @@ def test_replay_realises_what_the_program_expects() -> None:
     sim = Simulation(trace, spec)
     o = sim.offerings_at(0.0)[0]
     edges = tuple(range(80))
-    dp = OnlineDP([(0.8, float(zone.mean_up_h or 0), float(zone.mean_down_h or 0))], o.on_demand_price_usd_per_hour, 324, 36, 12, edges)
+    dp = OnlineDP([(0.8, float(zone.mean_up_h or 0), float(zone.mean_down_h or 0))], o.on_demand_price_usd_per_hour,
+                  324, 36, 12, edges)
     job = make_sim_job(spec, restart_overhead_s=720)
     past = trace_history(trace, [o.key])
     times, rooms = past[o.key]
