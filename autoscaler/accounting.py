@@ -8,7 +8,6 @@ offerings at their on-demand price: what holding that hardware on-demand would h
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterable, Mapping
 
 from cloud_providers.base import SPOT, Instance, InstanceState, Provider

@@ -40,8 +40,8 @@ from .api_agents import AGENT_PATHS, agent_gate_for, agent_router_for
 from .controller import Controller
 from .dashboard import LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
 from .domain import IllegalTransition, JobState, NotOwner
-from .listing import DEFAULT_LIMIT, MAX_LIMIT, job_page
 from .errors import AuthError, Conflict, DomainError, JobNotFound, SpecError, SpotrainError
+from .listing import DEFAULT_LIMIT, MAX_LIMIT, job_page
 from .logs import job_logs, read_output
 from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
 from .spec import spec_from_dict

@@ -85,7 +85,8 @@ def agent_gate_for(controller: "Controller") -> Callable[[str, Headers], bool] |
 async def _content(request: Request) -> bytes:
     """What the signature's hash covers: the body of a POST, the raw query string of the GET."""
     if request.method == "GET":
-        return request.scope.get("query_string", b"")
+        query: bytes = request.scope.get("query_string", b"")
+        return query
     return await request.body()
 
 

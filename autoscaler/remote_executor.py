@@ -56,9 +56,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.engine.url import make_url
+from sqlalchemy.exc import IntegrityError
 
 from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
 from cloud_providers.errors import ProviderError
@@ -76,14 +76,14 @@ from cloud_providers.remote.wire import (
     launch_to_json,
 )
 
+from . import log_cap
 from .agent_auth import agent_credential, agent_token_path, decision_of, ensure_agent_token
 from .errors import SpotrainError
-from . import log_cap
 from .home import logs_dir
 from .state import InstanceRow, Store
 from .state.migrate import AGENTS
-from .state.store import Database
 from .state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq
+from .state.store import Database
 from .workdir_shipper import WorkdirShipper, is_pending
 
 log = logging.getLogger("spotrain.remote")
@@ -356,9 +356,10 @@ class RemoteExecutor:
             return Assignment(instance_id=instance_id)
         launch = launch_from_json(json.loads(row.launch_json))
         if is_pending(launch.workdir):
-            launch = self._with_workdir(instance_id, launch)
-            if launch is None:  # still being packed: the agent waits, as for a slow boot
+            shipped = self._with_workdir(instance_id, launch)
+            if shipped is None:  # still being packed: the agent waits, as for a slow boot
                 return Assignment(instance_id=instance_id, stop_attempt=row.stop_attempt)
+            launch = shipped
         return Assignment(instance_id=instance_id, launch=launch, notice=_loads(row.notice_json),
                           stop_attempt=row.stop_attempt)
 
@@ -439,8 +440,10 @@ class RemoteExecutor:
         one taken before), else the highest taken (a replayed or stale request). Atomic in the
         database, so one value is taken once across the fleet's controllers and their restarts."""
         with self.tables.session() as s:
-            taken = s.execute(update(AgentSeq).where(AgentSeq.decision_id == decision_id, AgentSeq.seq < seq)
-                              .values(seq=seq)).rowcount
+            result = s.execute(update(AgentSeq).where(AgentSeq.decision_id == decision_id, AgentSeq.seq < seq)
+                               .values(seq=seq))
+            assert isinstance(result, CursorResult)  # an UPDATE's result is its cursor's (rowcount)
+            taken = result.rowcount
             if taken:
                 return None
             row = s.get(AgentSeq, decision_id)
@@ -510,7 +513,8 @@ class AgentGatedProvider:
         if inst.state in (InstanceState.RUNNING, InstanceState.PENDING) and seen is not None and seen.notice:
             deadline = seen.notice.get("deadline_unix_s")
             return dataclasses.replace(
-                inst, state=InstanceState.NOTICE, interruption=inst.interruption or str(seen.notice.get("reason") or "preemption"),
+                inst, state=InstanceState.NOTICE,
+                interruption=inst.interruption or str(seen.notice.get("reason") or "preemption"),
                 notice_deadline_s=float(deadline) if isinstance(deadline, (int, float)) else self.now_s(),
             )
         return inst

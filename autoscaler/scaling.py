@@ -37,7 +37,7 @@ from cost_models.goodput import GoodputFunction, ThroughputModel, efficiency
 from cost_models.scaling import MAX_PROFILE_BYTES, AmdahlScaling, LinearScaling, ProfileScaling, Scaling, parse_profile_csv
 
 from .errors import SpecError
-from .spec import JobSpec
+from .spec import JobSpec, SerialFraction
 
 
 @functools.lru_cache(maxsize=64)
@@ -54,10 +54,9 @@ def spec_scaling(spec: JobSpec, spec_dir: Path | None = None) -> Scaling:
     s = spec.simulate.scaling
     if s == "linear":
         return LinearScaling()
-    serial = getattr(s, "serial_fraction", None)
-    if serial is not None:
-        return AmdahlScaling(float(serial))
-    path = Path(getattr(s, "profile"))
+    if isinstance(s, SerialFraction):
+        return AmdahlScaling(float(s.serial_fraction))
+    path = Path(s.profile)
     if not path.is_absolute() and spec_dir is not None:
         path = spec_dir / path
     try:

@@ -63,10 +63,17 @@ class AcceleratorRequest(_Strict):
         return f"{self.name}:{self.count}"
 
 
+CloudName = Literal["aws", "gcp", "local"]
+
+
+def _local_only() -> list[CloudName]:
+    return ["local"]
+
+
 class Resources(_Strict):
     accelerators: list[AcceleratorRequest] = Field(default_factory=list)
     instance_types: list[str] = Field(default_factory=list)
-    clouds: list[Literal["aws", "gcp", "local"]] = Field(default_factory=lambda: ["local"])
+    clouds: list[CloudName] = Field(default_factory=_local_only)
     regions: list[str] = Field(default_factory=list)
     spot: Literal["auto", "always", "never"] = "auto"
 

@@ -97,7 +97,7 @@ class _Rule:
 
 
 def parse_ignore(text: str) -> list[_Rule]:
-    rules = []
+    rules: list[_Rule] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.rstrip()
         if not line or line.startswith("#"):

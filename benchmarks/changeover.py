@@ -79,7 +79,6 @@ def run_case(state_mb: float, *, steps: int, at_step: int, step_s: float, timeou
     from autoscaler.spec import load_spec
     from autoscaler.state import Store
     from cloud_providers.local.scenario import parse_scenario
-
     from runtime.timeline import read_timeline
 
     try:

@@ -200,7 +200,8 @@ def main() -> None:
     meets = all(r["median_pct"] <= ADAPTDL_MEDIAN_PCT[name] and r["p90_pct"] <= TARGET_P90_PCT for name, r in ours.items())
     print(f"target (median <= AdaptDL's published, p90 <= {TARGET_P90_PCT:g} %): {'met' if meets else 'NOT met'}")
     scal = by_protocol["scalability_only"]
-    never_worse = all(res["spotrain"]["median_pct"] <= res["spotrain-7"]["median_pct"] + NO_WORSE_TOL_PCT for res in scal.values())
+    never_worse = all(res["spotrain"]["median_pct"] <= res["spotrain-7"]["median_pct"] + NO_WORSE_TOL_PCT
+                      for res in scal.values())
     print(f"scalability-only: shipped fit's median <= the 7-parameter fit's on every model: {'yes' if never_worse else 'NO'}")
     out = {"benchmark": "goodput_fit", "data_dir": str(args.data_dir),
            "split": PROTOCOLS["current"][1], "target_met": meets, "models": by_protocol["current"],

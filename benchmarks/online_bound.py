@@ -32,9 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
+from cloud_providers.local.market import MarketTrace, write_trace  # noqa: E402
 from research.online_bound import AGE_EDGES, OnlineDP, OnlineDPPolicy, trace_history  # noqa: E402
 from research.tracegen import MULTI_ZONE, SINGLE_ZONE, ZoneSpec, generate_rows  # noqa: E402
-from cloud_providers.local.market import MarketTrace, write_trace  # noqa: E402
 
 # Shared with the forked workers.
 _CTX: dict[str, Any] = {}
@@ -44,7 +44,8 @@ def _task(args: tuple[str, list[float]]) -> tuple[str, list[dict[str, Any]]]:
     policy, starts = args
     sim, job = _CTX["sim"], _CTX["job"]
     if policy == "bayes-online":
-        out = [sim.run(job, OnlineDPPolicy(_CTX["dp"], _CTX["keys"], _CTX["od_key"], _CTX["past"], job.restart_overhead_s), sim.align(s)) for s in starts]
+        out = [sim.run(job, OnlineDPPolicy(_CTX["dp"], _CTX["keys"], _CTX["od_key"], _CTX["past"], job.restart_overhead_s),
+                       sim.align(s)) for s in starts]
     else:
         out = [run_named(sim, job, policy, s) for s in starts]
     return policy, [r.to_json() for r in out]
@@ -88,8 +89,11 @@ def main() -> None:
         spec = pc._spec(scen, fraction)
         work_min = int(round(pc.DEADLINE_H * 60 * fraction))
         z_model = [(spot_price[z.zone], float(z.mean_up_h or 0), float(z.mean_down_h or 0)) for z in zones]
-        _CTX.update(sim=sim, job=make_sim_job(spec, restart_overhead_s=args.restart_min * 60.0), keys=keys, od_key=od.key, past=past,
-                    dp=OnlineDP(z_model, od.on_demand_price_usd_per_hour, work_min, int(pc.DEADLINE_H * 60) - work_min, args.restart_min))
+        job = make_sim_job(spec, restart_overhead_s=args.restart_min * 60.0)
+        slack_min = int(pc.DEADLINE_H * 60) - work_min
+        # No local name for the program: _CTX.pop("dp") below is what frees it before the next one.
+        _CTX.update(sim=sim, job=job, keys=keys, od_key=od.key, past=past,
+                    dp=OnlineDP(z_model, od.on_demand_price_usd_per_hour, work_min, slack_min, args.restart_min))
         solve_s = time.time() - t0
         tasks = [(p, starts[i:: args.procs]) for p in policies for i in range(args.procs)]
         with mp.get_context("fork").Pool(args.procs) as pool:
@@ -110,12 +114,14 @@ def main() -> None:
             od_h = float(np.mean([r["on_demand_hours"] for r in runs[p]]))
             cell[p] = {"mean": round(mean, 4), "p90": round(p90, 4), "vs_omniscient": round(mean / omni - 1, 4),
                        "restarts": round(restarts, 2), "on_demand_hours": round(od_h, 2), "misses": misses}
-            print(f"{fraction:4.1f} {p:16s} {mean:6.3f} {p90:6.3f} {mean / omni - 1:+8.1%} {restarts:8.2f} {od_h:5.2f} {misses:4d}")
+            print(f"{fraction:4.1f} {p:16s} {mean:6.3f} {p90:6.3f} {mean / omni - 1:+8.1%} {restarts:8.2f} {od_h:5.2f} "
+                  f"{misses:4d}")
         print(f"# fraction {fraction}: program solved in {solve_s:.0f} s, {time.time() - t0:.0f} s in all")
         figures[f"frac={fraction}"] = cell
         _CTX.pop("dp")
-    print(json.dumps({"benchmark": "online_bound", "zones": names, "seed": seed, "starts": len(starts), "restart_min": args.restart_min,
-                      "age_edges_ticks": list(AGE_EDGES), "cost_vs_on_demand": figures}, sort_keys=True))
+    print(json.dumps({"benchmark": "online_bound", "zones": names, "seed": seed, "starts": len(starts),
+                      "restart_min": args.restart_min, "age_edges_ticks": list(AGE_EDGES),
+                      "cost_vs_on_demand": figures}, sort_keys=True))
 
 
 if __name__ == "__main__":

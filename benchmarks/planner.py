@@ -78,7 +78,8 @@ def main() -> None:
     bound: dict[float, tuple[float, float]] = {}
     if args.bound_json:
         cells = json.loads(Path(args.bound_json).read_text().strip().splitlines()[-1])["cost_vs_on_demand"]
-        bound = {f: (cells[f"frac={f}"]["bayes-online"]["mean"], cells[f"frac={f}"]["bayes-online"]["p90"]) for f in fractions if f"frac={f}" in cells}
+        bound = {f: (cells[f"frac={f}"]["bayes-online"]["mean"], cells[f"frac={f}"]["bayes-online"]["p90"])
+                 for f in fractions if f"frac={f}" in cells}
     elif seed == scen["seed"] and args.restart_min == 12 and args.starts == 300:
         bound = {f: RECORDED_BOUND[f] for f in fractions if f in RECORDED_BOUND}
     sim = Simulation(generate_trace(scen["zones"], hours=pc.TRACE_DAYS * 24, seed=seed), pc._spec(scen, 0.6))
@@ -94,7 +95,8 @@ def main() -> None:
         for fraction, policy, r in part:
             runs.setdefault((fraction, policy), {})[r["start_hours"]] = r
     figures: dict[str, Any] = {}
-    print(f"4 zones / 2 clouds, 1 GPU; trace seed {seed}; {len(starts)} starts; d = {args.restart_min} min; {time.time() - t0:.0f} s")
+    print(f"4 zones / 2 clouds, 1 GPU; trace seed {seed}; {len(starts)} starts; d = {args.restart_min} min; "
+          f"{time.time() - t0:.0f} s")
     print(f"{'frac':>4s} {'policy':12s} {'mean':>6s} {'p90':>6s} {'p90/mean':>8s} {'vs bound':>8s} {'restarts':>8s} {'miss':>4s}")
     for fraction in fractions:
         hours = sorted(runs[(fraction, "on-demand")])
@@ -107,8 +109,10 @@ def main() -> None:
             mean, p90 = float(rel.mean()), float(np.percentile(rel, 90))
             vs = mean / b[0] - 1 if b else float("nan")
             cell[policy] = {"mean": round(mean, 4), "p90": round(p90, 4), "vs_bound": round(vs, 4) if b else None,
-                            "restarts": round(float(np.mean([r["restarts"] for r in rs])), 2), "misses": sum(not r["deadline_met"] for r in rs)}
-            print(f"{fraction:4.1f} {policy:12s} {mean:6.3f} {p90:6.3f} {p90 / mean:8.3f} {vs:+8.1%} {cell[policy]['restarts']:8.2f} {cell[policy]['misses']:4d}")
+                            "restarts": round(float(np.mean([r["restarts"] for r in rs])), 2),
+                            "misses": sum(not r["deadline_met"] for r in rs)}
+            print(f"{fraction:4.1f} {policy:12s} {mean:6.3f} {p90:6.3f} {p90 / mean:8.3f} {vs:+8.1%} "
+                  f"{cell[policy]['restarts']:8.2f} {cell[policy]['misses']:4d}")
         if b:
             cell["online-bound"] = {"mean": b[0], "p90": b[1]}
             print(f"{fraction:4.1f} {'online bound':12s} {b[0]:6.3f} {b[1]:6.3f} {b[1] / b[0]:8.3f}")

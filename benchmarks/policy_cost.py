@@ -24,8 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
-from research.tracegen import MULTI_NODE, MULTI_NODE_16, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
 from autoscaler.spec import spec_from_dict  # noqa: E402
+from research.tracegen import MULTI_NODE, MULTI_NODE_16, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
 
 POLICIES = ("on-demand", "greedy-spot", "uniform-progress", "omniscient", "spotrain")
 DEADLINE_H = 24.0
@@ -105,7 +105,8 @@ def main() -> None:
     for name, fraction, ov, p, costs, misses in results:
         rel = np.array(costs) / od_cost[(name, fraction, ov)]
         mean, p90 = float(np.mean(rel)), float(np.percentile(rel, 90))
-        figures.setdefault(name, {}).setdefault(f"frac={fraction},d={ov:g}min", {})[p] = {"mean": round(mean, 4), "p90": round(p90, 4), "misses": misses}
+        cell = figures.setdefault(name, {}).setdefault(f"frac={fraction},d={ov:g}min", {})
+        cell[p] = {"mean": round(mean, 4), "p90": round(p90, 4), "misses": misses}
         print(f"{name:28s} {fraction:4.1f} {ov:6.0f} {p:17s} {mean:6.3f} {p90:6.3f} {misses:5d}")
     print(f"# {n} starts per cell, {len(tasks)} cells, {time.time() - t0:.0f} s")
     targets = _targets(figures)
@@ -118,15 +119,18 @@ def main() -> None:
 def _targets(fig: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The issue's targets, checked on this run's figures."""
     out: dict[str, dict[str, Any]] = {}
-    misses = sum(c[p]["misses"] for s in fig.values() for c in s.values() for p in ("uniform-progress", "omniscient", "spotrain") if p in c)
+    misses = sum(c[p]["misses"] for s in fig.values() for c in s.values()
+                 for p in ("uniform-progress", "omniscient", "spotrain") if p in c)
     out["zero deadline misses (UP, omniscient, spotrain)"] = {"met": misses == 0, "detail": f"{misses} misses"}
     one = fig["single-zone, 1 GPU"]
     cells = [one[f"frac={f},d=12min"] for f in (0.6, 0.8, 0.9)]
     out["single zone: spotrain mean < uniform-progress at 0.6/0.8/0.9"] = {
         "met": all(c["spotrain"]["mean"] < c["uniform-progress"]["mean"] for c in cells),
         "detail": ", ".join(f"{c['spotrain']['mean']:.3f} vs {c['uniform-progress']['mean']:.3f}" for c in cells)}
-    gap = [(c["uniform-progress"]["mean"] - c["spotrain"]["mean"]) / max(1e-9, c["uniform-progress"]["mean"] - c["omniscient"]["mean"]) for c in cells]
-    out["single zone: share of UP's gap to omniscient closed"] = {"met": min(gap) > 0.2, "detail": ", ".join(f"{g:.0%}" for g in gap)}
+    gap = [(c["uniform-progress"]["mean"] - c["spotrain"]["mean"])
+           / max(1e-9, c["uniform-progress"]["mean"] - c["omniscient"]["mean"]) for c in cells]
+    out["single zone: share of UP's gap to omniscient closed"] = {"met": min(gap) > 0.2,
+                                                                  "detail": ", ".join(f"{g:.0%}" for g in gap)}
     for d in (12, 6, 3, 1):
         multi = [fig["4 zones / 2 clouds, 1 GPU"][f"frac={f},d={d}min"] for f in (0.6, 0.8, 0.9)]
         out[f"several zones, d={d}min: spotrain mean within 3% of omniscient"] = {
@@ -138,9 +142,10 @@ def _targets(fig: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for size in (4, 16):
         node = [fig[f"multi-node, {size} x 1 GPU"][f"frac={f},d=12min"] for f in (0.6, 0.8, 0.9)]
         out[f"multi-node {size}: spotrain mean >= 3% below polarized uniform-progress, p90 <= on-demand"] = {
-            "met": all(c["spotrain"]["mean"] <= 0.97 * c["uniform-progress"]["mean"] and c["spotrain"]["p90"] <= 1.0 for c in node),
-            "detail": ", ".join(f"{c['spotrain']['mean']:.3f} vs {c['uniform-progress']['mean']:.3f} (p90 {c['spotrain']['p90']:.3f})"
-                                for c in node)}
+            "met": all(c["spotrain"]["mean"] <= 0.97 * c["uniform-progress"]["mean"] and c["spotrain"]["p90"] <= 1.0
+                       for c in node),
+            "detail": ", ".join(f"{c['spotrain']['mean']:.3f} vs {c['uniform-progress']['mean']:.3f} "
+                                f"(p90 {c['spotrain']['p90']:.3f})" for c in node)}
     sweep = [one[f"frac=0.8,d={d}min"] for d in (12, 6, 3, 1)]
     out["overhead sweep 12->1 min: spotrain mean <= uniform-progress"] = {
         "met": all(c["spotrain"]["mean"] <= c["uniform-progress"]["mean"] for c in sweep),

@@ -2,7 +2,8 @@
 
 Each job may use one of four accelerator types, 1-4 workers, half with a deadline; offerings span
 five regions, two markets each. Every job is in a different state (progress, spend), so the policy
-plans each one separately (jobs in identical states share one plan; that case is faster still). Reports the median of 5 decisions (``--quick``: 1). Last line: JSON.
+plans each one separately (jobs in identical states share one plan; that case is faster still).
+Reports the median of 5 decisions (``--quick``: 1). Last line: JSON.
 
     python benchmarks/policy_latency.py [--quick]
 """
@@ -39,7 +40,8 @@ def jobs(n: int) -> list[JobView]:
                                          "objective": {"deadline": deadline} if deadline else {},
                                          "simulate": {"work_gpu_hours": 10}}))
     # Every job in its own state (distinct progress and spend): no two plans can be shared.
-    return [JobView(f"j{i}", specs[i % len(specs)], submitted_s=0, progress=(i % n) / n, cost_so_far_usd=i * 0.01) for i in range(n)]
+    return [JobView(f"j{i}", specs[i % len(specs)], submitted_s=0, progress=(i % n) / n, cost_so_far_usd=i * 0.01)
+            for i in range(n)]
 
 
 def main() -> None:
@@ -47,7 +49,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     offers = offerings(100)
-    history = {o.key: MarketHistory(o.key, watched_s=86400, available_s_at_least=(43200.0, 20000.0), drops=5, available_since_s=0.0) for o in offers}
+    history = {o.key: MarketHistory(o.key, watched_s=86400, available_s_at_least=(43200.0, 20000.0), drops=5,
+                                    available_since_s=0.0)
+               for o in offers}
     out = {}
     print(f"{'jobs':>6s} {'offerings':>9s} {'median ms':>10s}")
     for n in (10, 100, 1000):

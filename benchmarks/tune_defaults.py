@@ -44,13 +44,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoscaler.policy.params import PolicyParams, load_params_file, save_params_file  # noqa: E402
-from autoscaler.policy.tuning import (INFEASIBLE, Score, Windows, combine, objective_value, score, split_windows,  # noqa: E402
-                                      train_and_test_starts, tune_with)
-from autoscaler.simulator import Simulation, SimJob, make_sim_job  # noqa: E402
-from research.tracegen import generate_trace  # noqa: E402
-
 from policy_cost import SCENARIOS, TRACE_DAYS, _spec  # noqa: E402
+
+from autoscaler.policy.params import PolicyParams, load_params_file, save_params_file  # noqa: E402
+from autoscaler.policy.tuning import (  # noqa: E402
+    INFEASIBLE,
+    Score,
+    Windows,
+    combine,
+    objective_value,
+    score,
+    split_windows,
+    train_and_test_starts,
+    tune_with,
+)
+from autoscaler.simulator import SimJob, Simulation, make_sim_job  # noqa: E402
+from research.tracegen import generate_trace  # noqa: E402
 
 TRAIN_FRACTION = 0.6
 # The hand-tuned defaults (docs/policy.md's rounds 1-8), shipped as DEFAULT_PARAMS: trial 0 and the baseline.
@@ -128,7 +137,8 @@ def report(pool: Any, best: PolicyParams) -> dict[str, Any]:
         cells = {}
         for i, c in enumerate(_CELLS):
             lo, hi = (c.w.split_s, c.w.duration_s) if leg == "held_back" else (0.0, c.w.split_s)
-            cells[_cell_name(i)] = {"window_hours": [lo / 3600, hi / 3600], "tuned": tuned[i].to_json(), "hand": default[i].to_json()}
+            cells[_cell_name(i)] = {"window_hours": [lo / 3600, hi / 3600], "tuned": tuned[i].to_json(),
+                                    "hand": default[i].to_json()}
         legs[leg] = {"cells": cells, "overall": {"tuned": combine(tuned).to_json(), "hand": combine(default).to_json()}}
     return legs
 
@@ -165,7 +175,8 @@ def main() -> None:
     ap.add_argument("--guard", action="store_true",
                     help="a trial worse than the hand defaults on the training starts of a 4-zone 3-minute cell is infeasible")
     ap.add_argument("--guard-all-cells", type=float, default=None, metavar="TOL",
-                    help="also infeasible: worse than the hand defaults by more than TOL (0.005: 0.5 %%) on any cell's training starts")
+                    help="also infeasible: worse than the hand defaults by more than TOL (0.005: 0.5 %%) "
+                         "on any cell's training starts")
     args = ap.parse_args()
     t0 = time.time()
     _CELLS = build_cells(args.starts, args.test_starts, args.seed)
@@ -191,13 +202,16 @@ def main() -> None:
             print(f"trial {len(trials) - 1}: {objective_value(s):.4f} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
             return s
 
-        res = tune_with(objective, trials=args.trials, seed=args.seed, storage=None, study_name="spotrain-defaults", first=HAND_DEFAULTS)
+        res = tune_with(objective, trials=args.trials, seed=args.seed, storage=None, study_name="spotrain-defaults",
+                        first=HAND_DEFAULTS)
         out = report(pool, res.best)
     out.update({"trials": res.trials, "infeasible_trials": res.infeasible_trials, "best_value": res.best_value,
                 "default_value": trials[0]["value"], "seed": args.seed, "train_fraction": TRAIN_FRACTION,
                 "training_starts": args.starts, "held_back_starts": args.test_starts,
                 "cells": [_cell_name(i) for i in range(len(CELLS))], "params": res.best.to_dict(),
-                "guard": args.guard, "guard_all_cells": args.guard_all_cells, "guard_infeasible_trials": sum(1 for t in trials if t["guard_excess"] > 0 and not any(c["deadline_misses"] for c in t["cells"])),
+                "guard": args.guard, "guard_all_cells": args.guard_all_cells,
+                "guard_infeasible_trials": sum(1 for t in trials if t["guard_excess"] > 0
+                                               and not any(c["deadline_misses"] for c in t["cells"])),
                 "trial_log": [{k: v for k, v in t.items() if k != "scores"} for t in trials], "wall_s": time.time() - t0})
     _print(out)
     if args.params_out:

@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoscaler.policy import get_policy  # noqa: E402
-from research.tracegen import MULTI_ZONE, generate_trace  # noqa: E402
 from autoscaler.simulator.workload import read_workload, simulate_workload  # noqa: E402
 from cloud_providers.local.market import MarketTrace  # noqa: E402
+from research.tracegen import MULTI_ZONE, generate_trace  # noqa: E402
 
 WORKLOAD = ROOT / "cost_models" / "data" / "pollux" / "workloads" / "workload-1.csv"
 MODES = ("fixed", "tuned", "adaptive")
@@ -92,13 +92,16 @@ def _print(rows: list[dict[str, Any]], traces: list[str]) -> None:
                 r = by[mode]
                 x = r if m == "overall" else r["per_model"][m]
                 f = by["fixed"] if m == "overall" else by["fixed"]["per_model"][m]
-                jct = "n/a" if x["avg_jct_hours"] is None else f"{x['avg_jct_hours']:.2f}{_pct(x['avg_jct_hours'], f['avg_jct_hours'])}"
+                jct = ("n/a" if x["avg_jct_hours"] is None
+                       else f"{x['avg_jct_hours']:.2f}{_pct(x['avg_jct_hours'], f['avg_jct_hours'])}")
                 print(f"{t:8} {m:12} {mode:9} {x['finished']:>3}/{x['jobs']:<3} {jct:>16} "
-                      f"{x['cost_usd']:>9.1f}{_pct(x['cost_usd'], f['cost_usd']):>7} {x['gpu_hours']:>8.1f}{_pct(x['gpu_hours'], f['gpu_hours']):>7} "
+                      f"{x['cost_usd']:>9.1f}{_pct(x['cost_usd'], f['cost_usd']):>7} "
+                      f"{x['gpu_hours']:>8.1f}{_pct(x['gpu_hours'], f['gpu_hours']):>7} "
                       f"{x['deadline_misses']:>6}")
     for t in traces:
+        tuned = next(r for r in rows if r["trace"] == t and r["mode"] == "tuned")
         print(f"{t}: tuned configurations (model, GPUs, batch): "
-              + ", ".join(f"{a} {g}x{b}" for a, g, b in next(r for r in rows if r["trace"] == t and r["mode"] == "tuned")["configs"]))
+              + ", ".join(f"{a} {g}x{b}" for a, g, b in tuned["configs"]))
 
 
 def main() -> None:
@@ -122,7 +125,8 @@ def main() -> None:
     print(f"workload {Path(a.workload).name}; policy spotrain; default deadlines (from the users' configurations); "
           "6-min restart overhead; every model with its own data")
     _print(rows, a.traces)
-    text = json.dumps({"workload": str(Path(a.workload).relative_to(ROOT)) if Path(a.workload).is_relative_to(ROOT) else a.workload,
+    workload = Path(a.workload)
+    text = json.dumps({"workload": str(workload.relative_to(ROOT)) if workload.is_relative_to(ROOT) else a.workload,
                        "modes": list(MODES), "runs": rows}, sort_keys=True)
     if a.out:
         Path(a.out).write_text(text + "\n")

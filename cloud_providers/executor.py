@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 # The launch record lives in ``launch.py`` (shared with the wire and the agents); executors take it here.
 from .launch import WorkerLaunch as WorkerLaunch
+from .protocol import ProgressRecord
 
 
 class GangState(str, enum.Enum):
@@ -45,7 +46,7 @@ class Executor(Protocol):
         """Kill every worker process of the instance at once. Idempotent."""
         ...
 
-    def progress(self, job_id: str) -> dict[str, Any] | None:
+    def progress(self, job_id: str) -> ProgressRecord | None:
         """The last progress report of the job's rank 0, if any."""
         ...
 

@@ -30,6 +30,7 @@ from .trainer import ElasticTrainer, StepResult, exit_worker, prefetch_checkpoin
 
 __all__ = [
     "CheckpointConfig", "CheckpointCorrupt", "CheckpointError", "CheckpointManager", "ElasticTrainer",
-    "ForeignCheckpoint", "LoadedCheckpoint", "NoValidCheckpoint", "NoticeConfig", "ObjectUnreadable", "RuntimeFailure", "StateError", "StepResult",
-    "StoreError", "TrainerConfig", "TrainingConfig", "UnsupportedStore", "exit_worker", "lr_factor", "make_store", "prefetch_checkpoint", "protocol",
+    "ForeignCheckpoint", "LoadedCheckpoint", "NoValidCheckpoint", "NoticeConfig", "ObjectUnreadable", "RuntimeFailure",
+    "StateError", "StepResult", "StoreError", "TrainerConfig", "TrainingConfig", "UnsupportedStore", "exit_worker",
+    "lr_factor", "make_store", "prefetch_checkpoint", "protocol",
 ]

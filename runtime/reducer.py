@@ -115,7 +115,8 @@ class GradientReducer:
         if mode == "fast":
             self._plan_buckets()
             for i, p in enumerate(self.params):
-                p.register_post_accumulate_grad_hook(self._hook(i))
+                # torch leaves this Tensor method unannotated (2.13): strict mypy calls it untyped.
+                p.register_post_accumulate_grad_hook(self._hook(i))  # type: ignore[no-untyped-call]
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         views, offset = [], 0

@@ -24,13 +24,19 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
+def _cuda_in_use() -> bool:
+    """Whether CUDA's generators exist to seed or capture (never initialises CUDA itself)."""
+    # torch leaves torch.cuda.is_initialized unannotated (2.13), so strict mypy calls it untyped.
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
 def seed_logical_worker(seed: int, step: int, logical_rank: int) -> None:
     """Seed every global generator for logical worker ``logical_rank`` at optimizer step ``step``."""
     s = derive_seed(seed, "logical", step, logical_rank)
     # torch.manual_seed also queues lazy seeding of every accelerator backend, capturing a stack
     # trace each time (~0.5 ms per call on CPU); seed the generators in use directly instead.
     torch.default_generator.manual_seed(s)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_in_use():
         torch.cuda.manual_seed_all(s)
     np.random.seed(s % (2**32))
     random.seed(s)
@@ -43,7 +49,7 @@ def seed_between_steps(seed: int, step: int) -> None:
     checkpoints would not be every rank's."""
     s = derive_seed(seed, "between", step)
     torch.default_generator.manual_seed(s)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_in_use():
         torch.cuda.manual_seed_all(s)
     np.random.seed(s % (2**32))
     random.seed(s)
@@ -52,7 +58,7 @@ def seed_between_steps(seed: int, step: int) -> None:
 def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, json-able) describing every global generator, for the checkpoint manifest."""
     tensors = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_in_use():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"torch_cuda_{i}"] = state
     kind, keys, pos, has_gauss, cached = np.random.get_state()

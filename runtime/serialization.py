@@ -173,7 +173,7 @@ def buffer_views(layout: Layout, buffer: torch.Tensor, tensors: dict[str, torch.
 def _bytes_of(buffer: torch.Tensor, start: int, nbytes: int) -> memoryview:
     if nbytes == 0:
         return memoryview(b"")
-    return memoryview(buffer[start : start + nbytes].numpy())
+    return buffer[start : start + nbytes].numpy().data
 
 
 def write_shard(out: BinaryIO, shard: Shard, buffer: torch.Tensor) -> tuple[int, str]:
@@ -220,7 +220,7 @@ def read_into(read: Callable[[memoryview], int | None], nbytes: int) -> tuple[to
     """Read ``nbytes`` with ``read`` (a ``readinto``) into a new uint8 buffer, hashing each chunk on a
     helper thread while the next one is read; (buffer, sha256 hex). Short input raises EOFError."""
     buffer = torch.empty(nbytes, dtype=torch.uint8)
-    view = memoryview(buffer.numpy()) if nbytes else memoryview(bytearray())
+    view = buffer.numpy().data if nbytes else memoryview(bytearray())
     digest = hashlib.sha256()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotrain-sha256") as hasher:
         pending = None

@@ -180,7 +180,7 @@ class FileStore:
                 raise StoreError(f"cannot write {path}: {exc}") from exc
             f = open(fd, "wb", buffering=0)
             try:
-                yield f  # type: ignore[misc]
+                yield f
                 os.fsync(f.fileno())
                 f.close()
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a link, never follows it

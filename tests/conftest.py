@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from support import worker_pids
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 PROTOCOL_WORKER = REPO / "tests" / "workers" / "protocol_worker.py"
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 240,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real ``spotrain`` entry point in a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "autoscaler.cli.main", *args],

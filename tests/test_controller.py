@@ -19,7 +19,6 @@ from autoscaler.spec import load_spec
 from autoscaler.state import Decision, Store
 from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
 from cloud_providers.local.scenario import parse_scenario
-
 from support import PROTOCOL_WORKER, worker_pids, write_pw_spec
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET"}
@@ -206,7 +205,8 @@ def test_failed_launch_call_is_settled_by_decision_tag(spotrain_home: Path, tmp_
     ctl.cancel(job["job_id"])
 
 
-def test_a_failed_tick_keeps_what_the_cloud_reported(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_tick_keeps_what_the_cloud_reported(spotrain_home: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """poll() reports a termination once; a cloud error later in the same tick must not lose it."""
     from autoscaler.state import InstanceRow
     from cloud_providers.errors import Throttled
@@ -271,7 +271,8 @@ def test_an_instance_launched_by_a_failed_call_for_a_cancelled_job_is_terminated
 
 
 @pytest.mark.e2e
-def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A rescale tells the gang to checkpoint and exit; a script that never does (hung, or deaf to
     notices) must not keep both the old gang and its replacements billing: past the deadline the
     controller stops it and resumes from the last checkpoint."""
@@ -311,7 +312,8 @@ def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp
 # The budget guard while the cloud cannot be polled: tests/test_controller_virtual.py (virtual clock).
 
 
-def test_a_launch_whose_minimum_bill_would_cross_the_budget_is_not_made(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_launch_whose_minimum_bill_would_cross_the_budget_is_not_made(spotrain_home: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A cloud that bills each launch for at least an hour (EC2's minimum is a minute): a job whose
     work fits its budget but whose first launch's minimum bill does not ends FAILED_BUDGET before
     anything is launched, with the numbers in the reason."""
@@ -333,7 +335,8 @@ def test_a_launch_whose_minimum_bill_would_cross_the_budget_is_not_made(spotrain
     assert 0 < info2["cost_usd"] <= 0.05
 
 
-def test_a_running_gang_that_cannot_afford_to_grow_keeps_running(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_running_gang_that_cannot_afford_to_grow_keeps_running(spotrain_home: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that grows a running gang from one worker to two; if that launch could cross the
     budget (``_launch_over_budget`` says so here), the gang keeps running as it is instead of the job
     ending FAILED_BUDGET."""

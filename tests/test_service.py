@@ -31,7 +31,8 @@ def wait_state(job_id: str, states: set[str], timeout_s: float = 60) -> dict:
 
 
 @pytest.mark.e2e
-def test_sigkilled_controller_recovers_and_job_finishes(spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigkilled_controller_recovers_and_job_finishes(spotrain_home: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PW_STEPS", "200")
     monkeypatch.setenv("PW_STEP_S", "0.05")
     ctl = start_controller(spotrain_home)
@@ -41,7 +42,8 @@ def test_sigkilled_controller_recovers_and_job_finishes(spotrain_home: Path, tmp
         r = run_cli("submit", str(write_pw_spec(tmp_path)), "--json")
         assert r.returncode == 0, r.stderr
         job = last_json(r.stdout)
-        assert isinstance(job, dict) and {"job_id", "name", "state", "preemptions", "cost_usd", "on_demand_cost_usd", "metric", "final_model"} <= set(job)
+        assert isinstance(job, dict)
+        assert {"job_id", "name", "state", "preemptions", "cost_usd", "on_demand_cost_usd", "metric", "final_model"} <= set(job)
         job_id = job["job_id"]
         running = wait_state(job_id, {"RUNNING"})
         assert running["workers"]

@@ -12,14 +12,16 @@ import os
 import signal
 import socket
 import sys
-
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .agents import agent_args, agent_cloud_args, agent_listener, agent_options, serve_agents
 from .params import policy_params_option, read_policy_params
+
+if TYPE_CHECKING:  # the CLI imports the controller's modules lazily, per command
+    from ..clouds import CloudSetup
 
 
 @click.group("controller")
@@ -68,7 +70,8 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     params = read_policy_params(policy_params)  # checked before a daemon starts: the error is seen here
     if daemon:
         args = ["--cloud", cloud, "--executor", executor, "--host", host, "--port", str(port), "--tick", repr(tick_s),
-                "--rendezvous-port", str(rendezvous_port), "--lease-ttl", repr(lease_ttl_s), *(["--id", controller_id] if controller_id else []),
+                "--rendezvous-port", str(rendezvous_port), "--lease-ttl", repr(lease_ttl_s),
+                *(["--id", controller_id] if controller_id else []),
                 *(["--advertise-url", advertise_url] if advertise_url else []),
                 *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])]
         url, log = start_daemon(args + agent_args())
@@ -80,9 +83,8 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     from ..clouds import make_cloud
     from ..errors import SpotrainError
     from ..home import controller_file, db_url, ensure_token, write_controller_info
-    from ..state import Store
-
     from ..logs import install_controller_log
+    from ..state import Store
 
     install_controller_log()
     token = ensure_token()
@@ -174,14 +176,14 @@ def _announce(ctl: Any, line: str) -> None:
                    err=True)
 
 
-def _fail_fast(cloud: str, setup: object) -> None:
+def _fail_fast(cloud: str, setup: CloudSetup) -> None:
     """Fail fast, in one line, on missing credentials or an unreachable cloud endpoint: each cloud of a
     multi-cloud controller on its own (its composite would carry on without one)."""
     from cloud_providers.errors import CredentialsError, ProviderError
 
     from ..errors import SpotrainError
 
-    provider = getattr(setup, "provider")
+    provider = setup.provider
     for name, p in (getattr(provider, "providers", None) or {cloud: provider}).items():
         try:
             p.offerings()

@@ -25,9 +25,11 @@ from .simulate import load_trace, random_starts, run_many
 
 @click.command("estimate")
 @click.argument("spec_path", type=click.Path(dir_okay=False))
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="Market trace CSV (default: the bundled one).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Market trace CSV (default: the bundled one).")
 @click.option("--runs", type=STARTS, default=50, show_default=True, help="Simulated start times.")
-@click.option("--restart-overhead-hours", type=NON_NEGATIVE, default=None, help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
+@click.option("--restart-overhead-hours", type=NON_NEGATIVE, default=None,
+              help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
 @click.option("--checkpoint-seconds", type=NON_NEGATIVE, default=None, help="Measured checkpoint save time.")
 @click.option("--restore-seconds", type=NON_NEGATIVE, default=None, help="Measured restart + restore time.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
@@ -51,15 +53,20 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
     cost = np.array([r.cost_usd for r in (done or results)])
     fin = np.array([r.finish_hours for r in done])
     od = np.array([r.on_demand_cost_usd for r in results])
+    c = _spread(cost)
+    f = None if fin.size == 0 else _spread(fin)
+    d = None if spec.objective.deadline_s is None else spec.objective.deadline_s / 3600
+    failed_budget_share = float(np.mean([r.state == "FAILED_BUDGET" for r in results]))
+    deadline_met_share = float(np.mean([r.deadline_met for r in results]))
     out = {
         "name": spec.name,
         "runs": len(results),
-        "cost_usd": {"median": float(np.median(cost)), "p10": float(np.percentile(cost, 10)), "p90": float(np.percentile(cost, 90))},
-        "finish_hours": None if fin.size == 0 else {"median": float(np.median(fin)), "p10": float(np.percentile(fin, 10)), "p90": float(np.percentile(fin, 90))},
-        "deadline_hours": None if spec.objective.deadline_s is None else spec.objective.deadline_s / 3600,
-        "deadline_met_share": float(np.mean([r.deadline_met for r in results])),
+        "cost_usd": c,
+        "finish_hours": f,
+        "deadline_hours": d,
+        "deadline_met_share": deadline_met_share,
         "budget_usd": spec.objective.budget_usd,
-        "failed_budget_share": float(np.mean([r.state == "FAILED_BUDGET" for r in results])),
+        "failed_budget_share": failed_budget_share,
         "finished_share": float(len(done) / len(results)),
         "on_demand_equivalent_usd": float(np.median(od)),
         "restart_overhead_s": job.restart_overhead_s,
@@ -69,23 +76,21 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
     if as_json:
         click.echo(json.dumps(out, sort_keys=True))
         return
-    c = out["cost_usd"]
-    click.echo(f"{spec.name}: cost ${c['median']:.2f} (range ${c['p10']:.2f}-${c['p90']:.2f}) over {len(results)} simulated starts, "
-               f"restart overhead {job.restart_overhead_s / 60:.1f} min")
+    click.echo(f"{spec.name}: cost ${c['median']:.2f} (range ${c['p10']:.2f}-${c['p90']:.2f}) "
+               f"over {len(results)} simulated starts, restart overhead {job.restart_overhead_s / 60:.1f} min")
     click.echo(work_line(spec.simulate.work_gpu_hours, str(out["work_gpu_hours_source"])))
     if len(done) < len(results):
-        click.echo(f"{len(results) - len(done)} of {len(results)} runs did not finish ({out['failed_budget_share']:.0%} stopped by the budget); "
+        click.echo(f"{len(results) - len(done)} of {len(results)} runs did not finish "
+                   f"({failed_budget_share:.0%} stopped by the budget); "
                    + ("the cost range is over the runs that did" if done else "the cost range is what they spent"))
-    f = out["finish_hours"]
     if f is None:
         click.echo("finish: never within the simulated horizon")
     else:
         click.echo(f"finish: {f['median']:.2f} h of wall-clock (market) time after submission "
                    f"(range {f['p10']:.2f}-{f['p90']:.2f} h)")
-    d = out["deadline_hours"]
-    click.echo("deadline: none" if d is None else f"deadline {d:g} h: met in {out['deadline_met_share']:.0%} of runs")
-    if out["budget_usd"] is not None:
-        click.echo(f"budget ${out['budget_usd']:g}: {out['failed_budget_share']:.0%} of runs would stop FAILED_BUDGET")
+    click.echo("deadline: none" if d is None else f"deadline {d:g} h: met in {deadline_met_share:.0%} of runs")
+    if spec.objective.budget_usd is not None:
+        click.echo(f"budget ${spec.objective.budget_usd:g}: {failed_budget_share:.0%} of runs would stop FAILED_BUDGET")
     click.echo("(median, and 10th-90th percentile range over the simulated starts)")
 
 
@@ -101,3 +106,9 @@ def work_line(hours: float, source: str) -> str:
              "spec": "from the spec's simulate.work_gpu_hours",
              "default": "the default: the spec sets no simulate.work_gpu_hours; measure your job and set it"}[source]
     return f"work: {hours:g} GPU-hours on one reference GPU ({where})"
+
+
+def _spread(values: np.ndarray[Any, np.dtype[np.float64]]) -> dict[str, float]:
+    """Median and 10th/90th percentiles of ``values``: the range the command reports."""
+    return {"median": float(np.median(values)), "p10": float(np.percentile(values, 10)),
+            "p90": float(np.percentile(values, 90))}

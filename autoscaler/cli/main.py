@@ -25,7 +25,8 @@ COMMANDS = {
     "cancel": ("autoscaler.cli.jobs", "Cancel a job and release its instances."),
     "estimate": ("autoscaler.cli.estimate", "Predict a job's cost and finish time from the simulator."),
     "simulate": ("autoscaler.cli.simulate", "Replay a market trace with a policy in virtual time."),
-    "tune": ("autoscaler.cli.tune", "Tune the policy's parameters on a market trace (Optuna); report them on its held-back part."),
+    "tune": ("autoscaler.cli.tune",
+             "Tune the policy's parameters on a market trace (Optuna); report them on its held-back part."),
     "report": ("autoscaler.cli.report", "Write a job's report picture (PNG): progress, workers by market, cost."),
     "attach": ("autoscaler.cli.attach", "Follow a job with live progress (Ctrl-C detaches)."),
     "resume": ("autoscaler.cli.attach", "Start a cancelled or failed job again from its last checkpoint."),
@@ -40,7 +41,7 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module = importlib.import_module(COMMANDS[name][0])
-        cmd = getattr(module, f"{name}_command", None) or getattr(module, "command")
+        cmd = getattr(module, f"{name}_command", None) or module.command
         return cmd  # type: ignore[no-any-return]
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

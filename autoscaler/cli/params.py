@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+if TYPE_CHECKING:
+    _FloatParamType = click.ParamType[float]
+else:  # generic in recent click (8.4) only; at run time 8.1-8.2 (supported) cannot subscript it
+    _FloatParamType = click.ParamType
 
-class FiniteFloat(click.ParamType):
+
+class FiniteFloat(_FloatParamType):
     """A finite float, optionally at least ``min``."""
 
     name = "number"

@@ -60,7 +60,7 @@ class JobLine:
         elif attempt != self.attempt:
             self.attempt, self.attempt_base_step = attempt, step
         if state not in LIVE_STATES:
-            return state.lower()
+            return str(state).lower()
         if state == "RECOVERING":
             return "recovering"
         if state == "RESCALING":

@@ -56,7 +56,8 @@ def summary(j: Mapping[str, Any]) -> str:
         lines.append(f"result      {name} = {metric:.4f}" if isinstance(metric, (int, float)) else "result      -")
     lines += [
         f"wall time   {j.get('wall_s', 0.0):.1f} s" + _deadline_note(j),
-        f"preemptions {j.get('preemptions', 0)}" + (" survived" if succeeded else "") + (f", {j.get('restarts_on_errors')} restart(s) after errors" if j.get("restarts_on_errors") else ""),
+        f"preemptions {j.get('preemptions', 0)}" + (" survived" if succeeded else "")
+        + (f", {j.get('restarts_on_errors')} restart(s) after errors" if j.get("restarts_on_errors") else ""),
     ]
     by_market = j.get("cost_by_market_usd") or {}
     parts = ", ".join(f"{m} {money(v)}" for m, v in by_market.items())

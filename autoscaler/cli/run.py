@@ -23,7 +23,8 @@ OWNER_GRACE_S = 60.0
 
 @click.command("run")
 @click.argument("spec_path", metavar="SPEC")
-@click.option("--scenario", "scenario_path", default=None, metavar="FILE", help="Script the local cloud (docs/formats.md: scenario files).")
+@click.option("--scenario", "scenario_path", default=None, metavar="FILE",
+              help="Script the local cloud (docs/formats.md: scenario files).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a spec field (value read as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON on the last line.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
@@ -43,8 +44,9 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
     spec, workdir = load_spec(spec_path, overrides=overrides)
     client = service_client() if scenario_path is None else None
     if params is not None and client is not None:
-        raise SpecError(f"--policy-params sets the policy of the controller this command starts, but the controller at {client.url} "
-                        "runs its own: start it with `spotrain controller start --policy-params FILE`")
+        raise SpecError("--policy-params sets the policy of the controller this command starts, "
+                        f"but the controller at {client.url} runs its own: "
+                        "start it with `spotrain controller start --policy-params FILE`")
     if detach:
         if scenario_path:
             raise SpecError("--scenario scripts the embedded local cloud of `spotrain run`; it cannot be used with --detach")
@@ -291,7 +293,8 @@ def reap_abandoned_runs(store: Any) -> list[str]:
     from ..policy import get_policy
 
     with store.session() as s:
-        stale = [(j.job_id, j.controller_id, j.submitted_at) for j in store.jobs(s, live_only=True) if j.controller_id.startswith("run-")]
+        stale = [(j.job_id, j.controller_id, j.submitted_at)
+                 for j in store.jobs(s, live_only=True) if j.controller_id.startswith("run-")]
     reaped: list[str] = []
     for job_id, cid, submitted_at in stale:
         cloud_dir = fleet_dir() / "localcloud" / cid

@@ -16,12 +16,11 @@ from ..policy.base import eligible_offerings
 from ..policy.params import PolicyParams
 from ..policy.spotrain import SpotrainPolicy
 from ..simulator import POLICIES, Simulation, make_sim_job
-from ..simulator.jobs import run_controller
-from ..simulator.jobs import restart_overhead_from_measurements
-from ..simulator.omniscient import PlanTooLarge
-from ..simulator.world import run_job
-from ..simulator.workload import BATCH_POLICIES, DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
 from ..simulator.engine import SimJob, SimResult
+from ..simulator.jobs import restart_overhead_from_measurements, run_controller
+from ..simulator.omniscient import PlanTooLarge
+from ..simulator.workload import BATCH_POLICIES, DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
+from ..simulator.world import run_job
 from ..spec import load_spec
 from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat, policy_params_option, read_policy_params
 
@@ -60,21 +59,27 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], 
 
 
 @click.command("simulate")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="Market trace CSV (default: the bundled one).")
-@click.option("--job", "job_path", default=None, type=click.Path(dir_okay=False), help="Job spec YAML (its simulate: and objective: sections).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Market trace CSV (default: the bundled one).")
+@click.option("--job", "job_path", default=None, type=click.Path(dir_okay=False),
+              help="Job spec YAML (its simulate: and objective: sections).")
 @click.option("--workload", "workload_path", default=None, type=click.Path(dir_okay=False),
-              help="Instead of --job: a job-arrival workload CSV (Pollux's name,time,application,num_replicas,batch_size); reports average JCT, cost and deadline misses.")
+              help="Instead of --job: a job-arrival workload CSV (Pollux's name,time,application,num_replicas,"
+                   "batch_size); reports average JCT, cost and deadline misses.")
 @click.option("--deadline-factor", type=FiniteFloat(), default=DEFAULT_DEADLINE_FACTOR, show_default=True,
               help="With --workload: each job's deadline is this many times its on-demand run time (0: no deadlines).")
 @click.option("--batch-policy", type=click.Choice(BATCH_POLICIES), default=None,
-              help="With --workload: elastic jobs (1 to num_replicas GPUs) whose simulated workers train at their Pollux profile and report it; "
-                   "the controller learns each job's goodput and keeps the user's batch (fixed) or picks it per allocation (adaptive); "
+              help="With --workload: elastic jobs (1 to num_replicas GPUs) whose simulated workers train at their "
+                   "Pollux profile and report it; the controller learns each job's goodput and keeps the user's "
+                   "batch (fixed) or picks it per allocation (adaptive); "
                    "tuned: Pollux's TunedJobs, each job at the batch and GPU count chosen offline for its model. "
                    "Default: fixed gangs of num_replicas at the user's batch, unprofiled.")
 @click.option("--policy", type=click.Choice(POLICIES), default="spotrain", show_default=True)
-@click.option("--start-hours", type=NON_NEGATIVE, default=0.0, show_default=True, help="Trace hour at which the job is submitted.")
+@click.option("--start-hours", type=NON_NEGATIVE, default=0.0, show_default=True,
+              help="Trace hour at which the job is submitted.")
 @click.option("--starts", type=STARTS, default=None, help="Run N seeded random start times instead (one JSON line each).")
-@click.option("--restart-overhead-hours", type=NON_NEGATIVE, default=None, help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
+@click.option("--restart-overhead-hours", type=NON_NEGATIVE, default=None,
+              help="Restart overhead d (default: from --checkpoint-seconds/--restore-seconds, else 6 min).")
 @click.option("--checkpoint-seconds", type=NON_NEGATIVE, default=None, help="Measured checkpoint save time.")
 @click.option("--restore-seconds", type=NON_NEGATIVE, default=None, help="Measured restart + restore time.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
@@ -83,7 +88,8 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], 
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per run).")
 @policy_params_option
-def command(trace_path: str | None, job_path: str | None, workload_path: str | None, deadline_factor: float, batch_policy: str | None, policy: str, start_hours: float, starts: int | None,
+def command(trace_path: str | None, job_path: str | None, workload_path: str | None, deadline_factor: float,
+            batch_policy: str | None, policy: str, start_hours: float, starts: int | None,
             restart_overhead_hours: float | None, checkpoint_seconds: float | None, restore_seconds: float | None,
             seed: int, min_billed_seconds: float, overrides: tuple[str, ...], as_json: bool, policy_params: str | None) -> None:
     """Replay a market trace with a policy in virtual time and report cost, finish time, deadline and preemptions."""
@@ -98,8 +104,8 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
     if workload_path is not None:
         if starts is not None or overrides:
             raise click.UsageError("--starts and --set apply to --job, not to --workload")
-        _workload(trace, workload_path, policy, start_hours, restart_overhead_hours, checkpoint_seconds, restore_seconds, deadline_factor, as_json,
-                  batch_policy, params=params)
+        _workload(trace, workload_path, policy, start_hours, restart_overhead_hours, checkpoint_seconds, restore_seconds,
+                  deadline_factor, as_json, batch_policy, params=params)
         return
     if batch_policy is not None:
         raise click.UsageError("--batch-policy applies to --workload (a job's spec has training.batch_policy)")
@@ -133,9 +139,13 @@ def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, ov
         jobs = read_workload(path)
     except WorkloadError as exc:
         raise SpecError(f"workload error: {exc}") from None
-    d = overhead_hours * 3600 if overhead_hours is not None else restart_overhead_from_measurements(checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
+    if overhead_hours is not None:
+        d = overhead_hours * 3600
+    else:
+        d = restart_overhead_from_measurements(checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
+    chosen = SpotrainPolicy(params) if params else get_policy(policy)
     try:
-        out = simulate_workload(trace, jobs, SpotrainPolicy(params) if params else get_policy(policy), start_s=start_hours * 3600.0, restart_overhead_s=d,
+        out = simulate_workload(trace, jobs, chosen, start_s=start_hours * 3600.0, restart_overhead_s=d,
                                 deadline_factor=None if deadline_factor == 0 else deadline_factor, batch_policy=batch_policy)
     except WorkloadError as exc:
         raise SpecError(f"workload error: {exc}") from None
@@ -143,6 +153,7 @@ def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, ov
         click.echo(json.dumps(out, sort_keys=True))
         return
     jct = "n/a" if out["avg_jct_hours"] is None else f"{out['avg_jct_hours']:.2f} h"
-    click.echo(f"{out['policy']}: {out['finished']}/{out['jobs']} jobs finished, average JCT {jct}, cost ${out['cost_usd']:.2f} "
-               f"(on-demand ${out['on_demand_cost_usd']:.2f}), {out['gpu_hours']:.1f} GPU-hours, deadline misses {out['deadline_misses']}, "
-               f"preemptions {out['preemptions']}" + (f", batch policy {batch_policy} ({out['batch_events']} batch events)" if batch_policy else ""))
+    batch = f", batch policy {batch_policy} ({out['batch_events']} batch events)" if batch_policy else ""
+    click.echo(f"{out['policy']}: {out['finished']}/{out['jobs']} jobs finished, average JCT {jct}, "
+               f"cost ${out['cost_usd']:.2f} (on-demand ${out['on_demand_cost_usd']:.2f}), {out['gpu_hours']:.1f} GPU-hours, "
+               f"deadline misses {out['deadline_misses']}, preemptions {out['preemptions']}" + batch)

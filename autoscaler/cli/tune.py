@@ -44,9 +44,12 @@ def _study_name(trace_path: str, job_path: str, overrides: tuple[str, ...], extr
 
 
 @click.command("tune")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, exists=True), required=True, help="Market trace CSV to tune on.")
-@click.option("--job", "job_path", type=click.Path(dir_okay=False, exists=True), required=True, help="Job spec YAML (its simulate: and objective: sections).")
-@click.option("--trials", type=click.IntRange(1, 100000), default=50, show_default=True, help="Optuna trials to run (more, on a resumed study).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, exists=True), required=True,
+              help="Market trace CSV to tune on.")
+@click.option("--job", "job_path", type=click.Path(dir_okay=False, exists=True), required=True,
+              help="Job spec YAML (its simulate: and objective: sections).")
+@click.option("--trials", type=click.IntRange(1, 100000), default=50, show_default=True,
+              help="Optuna trials to run (more, on a resumed study).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds the TPE sampler and the start times.")
 @click.option("--starts", type=STARTS, default=40, show_default=True, help="Random start times in the training window.")
 @click.option("--test-starts", type=STARTS, default=None, help="Random start times in the held-back window (default: --starts).")
@@ -59,8 +62,9 @@ def _study_name(trace_path: str, job_path: str, overrides: tuple[str, ...], extr
               help="Where to write the tuned parameters (.json, or .yaml/.yml).")
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (held_back first).")
-def command(trace_path: str, job_path: str, trials: int, seed: int, starts: int, test_starts: int | None, train_fraction: float,
-            restart_overhead_hours: float | None, study_path: str | None, out_path: str, overrides: tuple[str, ...], as_json: bool) -> None:
+def command(trace_path: str, job_path: str, trials: int, seed: int, starts: int, test_starts: int | None,
+            train_fraction: float, restart_overhead_hours: float | None, study_path: str | None, out_path: str,
+            overrides: tuple[str, ...], as_json: bool) -> None:
     """Tune the spotrain policy's parameters on TRACE for JOB; report tuned vs default on the held-back part first."""
     from ..errors import SpecError
 
@@ -77,15 +81,16 @@ def command(trace_path: str, job_path: str, trials: int, seed: int, starts: int,
     _print(out)
 
 
-def _tune(trace_path: str, job_path: str, *, trials: int, seed: int, starts: int, test_starts: int, train_fraction: float,
-          overhead_h: float | None, study_path: str | None, out_path: str, overrides: tuple[str, ...], progress: bool) -> dict[str, Any]:
+def _tune(trace_path: str, job_path: str, *, trials: int, seed: int, starts: int, test_starts: int,
+          train_fraction: float, overhead_h: float | None, study_path: str | None, out_path: str,
+          overrides: tuple[str, ...], progress: bool) -> dict[str, Any]:
     from ..errors import SpecError
     from ..home import home, private_dir
+    from ..policy.base import eligible_offerings
     from ..policy.params import DEFAULT_PARAMS, save_params_file
     from ..policy.tuning import score, split_windows, train_and_test_starts, tune
     from ..simulator import Simulation, make_sim_job
     from ..spec import load_spec
-    from ..policy.base import eligible_offerings
     from .simulate import load_trace
 
     if not 0.0 < train_fraction < 1.0:
@@ -110,7 +115,8 @@ def _tune(trace_path: str, job_path: str, *, trials: int, seed: int, starts: int
         if progress:
             click.echo(f"trial {n}: {v:.4f}", err=True)
 
-    res = tune(sim, job, train, trials=trials, seed=seed, storage=f"sqlite:///{study.resolve()}", study_name=name, on_trial=on_trial)
+    res = tune(sim, job, train, trials=trials, seed=seed, storage=f"sqlite:///{study.resolve()}", study_name=name,
+               on_trial=on_trial)
     written = save_params_file(res.best, out_path)
     legs = {"held_back": (w.split_s, w.duration_s, test), "training": (0.0, w.split_s, train)}
     report: dict[str, Any] = {}
@@ -118,7 +124,8 @@ def _tune(trace_path: str, job_path: str, *, trials: int, seed: int, starts: int
         tuned, default = score(sim, job, res.best, ss), score(sim, job, DEFAULT_PARAMS, ss)
         report[leg] = {"window_hours": [lo / 3600, hi / 3600], "starts_hours": [s / 3600 for s in ss],
                        "tuned": tuned.to_json(), "default": default.to_json()}
-    report.update({"trials": res.trials, "infeasible_trials": res.infeasible_trials, "study": str(study), "study_name": res.study_name,
+    report.update({"trials": res.trials, "infeasible_trials": res.infeasible_trials, "study": str(study),
+                   "study_name": res.study_name,
                    "seed": seed, "train_fraction": train_fraction, "restart_overhead_s": job.restart_overhead_s,
                    "params_file": str(written), "params": res.best.to_dict()})
     return report

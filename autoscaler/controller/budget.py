@@ -101,7 +101,8 @@ def budget_guard(ctx: Context, s: Session, job: Job, rows: list[InstanceRow], pr
     return True
 
 
-def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], by_key: Mapping[str, Offering]) -> str | None:
+def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]],
+                       by_key: Mapping[str, Offering]) -> str | None:
     """Why launching ``missing`` could cross the hard budget, or None (the policy, planning in
     decision intervals, cannot see the cloud's minimum bill)."""
     budget = ctx.spec(job).objective.budget_usd
@@ -111,8 +112,8 @@ def launch_over_budget(ctx: Context, s: Session, job: Job, missing: list[tuple[s
     floor_s = max(float(getattr(ctx.provider, MIN_BILLED_S_ATTR, 0.0) or 0.0), horizon)
     prices = {k: (o.on_demand_price_usd_per_hour, o.spot_price_usd_per_hour) for k, o in by_key.items()}
     rate = accounting.burn_rate_usd_per_hour(ctx.store.instances(s, job.job_id), price_caps(prices, ctx.prices_seen_on_change))
-    return launch_reason(job.cost_usd, budget, rate, horizon, [by_key[k].price_usd_per_hour(m) for k, m in missing if k in by_key],
-                         floor_s)
+    adding = [by_key[k].price_usd_per_hour(m) for k, m in missing if k in by_key]
+    return launch_reason(job.cost_usd, budget, rate, horizon, adding, floor_s)
 
 
 def guard_due_s(ctx: Context, s: Session, job: Job) -> float | None:

@@ -11,20 +11,20 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.orm import Session
 
 from cloud_providers.base import Provider
 from cloud_providers.clock import Clock
 from cloud_providers.executor import Executor
+from cloud_providers.protocol import ProgressRecord
 from cost_models.scaling import Scaling
 
 from ..domain import JobState
 from ..home import logs_dir
-from ..scaling import measured_scaling
 from ..market_watch import MarketWatcher
 from ..policy import Policy
+from ..scaling import measured_scaling
 from ..spec import JobSpec, spec_from_dict
 from ..state import Job, Store
 from .fits import Fits
@@ -154,7 +154,7 @@ class Context:
     _specs: dict[str, tuple[str, JobSpec]] = dataclasses.field(default_factory=dict)
     # Rank 0's reports read before the tick took the controller's lock (``Controller.tick``: reading
     # files a job can write never happens under it, issue 21 finding 1); None: read them as needed.
-    progress_snapshot: dict[str, dict[str, Any] | None] | None = None
+    progress_snapshot: dict[str, ProgressRecord | None] | None = None
     # Jobs whose ranks all exited 0 while their report read before the exit showed no completion:
     # the next tick's report (read after the exit) decides.
     exits_unconfirmed: set[str] = dataclasses.field(default_factory=set)
@@ -192,7 +192,7 @@ class Context:
         self._specs[job.job_id] = (job.spec_json, spec)
         return spec
 
-    def progress(self, job_id: str) -> dict[str, Any] | None:
+    def progress(self, job_id: str) -> ProgressRecord | None:
         """Rank 0's report: as read before this tick took the lock, else from the executor."""
         snap = self.progress_snapshot
         if snap is not None and job_id in snap:
@@ -209,6 +209,6 @@ class Context:
         """Drop what is held in memory for an ended job."""
         for d in (self.capacity_failures, self.restart_marks, self.last_checkpoint, self._specs, self.releasing,
                   self.moving_since, self.step_seconds, self.goodput, self.start_failures.failures):
-            d.pop(job_id, None)  # type: ignore[attr-defined]
+            d.pop(job_id, None)
         self.exits_unconfirmed.discard(job_id)
 

@@ -13,7 +13,16 @@ from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 
-from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, Instance, InstanceState, LaunchRequest, Offering
+from cloud_providers.base import (
+    TAG_CONTROLLER,
+    TAG_DECISION,
+    TAG_JOB,
+    TAG_MARKET,
+    Instance,
+    InstanceState,
+    LaunchRequest,
+    Offering,
+)
 from cloud_providers.errors import CapacityUnavailable, InvalidRequest, ProviderError, QuotaExceeded
 
 from .. import accounting

@@ -170,8 +170,8 @@ def tick(ctx: Context, *, contain: bool = True) -> None:
         views = _observe(ctx, s, jobs, by_key, contain=contain, skip=failed)
         if not views:
             return
-        inp = PolicyInput(now_s=now_s, jobs=views, offerings=offerings,
-                          history=ctx.market.merge(accounting.history_from_totals(ctx.spot_history.totals(ctx.store, s, ctx.controller_id))),
+        seen = accounting.history_from_totals(ctx.spot_history.totals(ctx.store, s, ctx.controller_id))
+        inp = PolicyInput(now_s=now_s, jobs=views, offerings=offerings, history=ctx.market.merge(seen),
                           decision_interval_s=ctx.tick_s * ctx.clock_rate)
         allocations = {a.job_id: a for a in ctx.policy.decide(inp)}
         wakes = [a.next_decision_s for a in allocations.values() if a.next_decision_s is not None]

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 import logging
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from cloud_providers.base import Provider
 from cloud_providers.clock import WALL_CLOCK, Clock
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import Executor
-
-from sqlalchemy.exc import SQLAlchemyError
+from cloud_providers.protocol import ProgressRecord
 
 from .. import log_cap
 from ..domain import JobNameTaken, JobState, NotOwner
@@ -292,7 +293,7 @@ class Controller:
                 self.ctx.progress_snapshot = None
                 self.ctx.last_tick_s = self.ctx.clock.now() - t0
 
-    def _read_job_files(self) -> dict[str, dict[str, Any] | None] | None:
+    def _read_job_files(self) -> dict[str, ProgressRecord | None] | None:
         """Rank 0's reports of this controller's live jobs, read before the tick takes the lock: a
         file a job writes must never be read while submit and cancel wait (issue 21, finding 1).
         None when the executor does not read files (its reports are in the database or in memory).
@@ -306,7 +307,7 @@ class Controller:
                 ids = [j.job_id for j in ctx.store.jobs(s, controller_id=ctx.controller_id, live_only=True)]
             for job_id in ids:  # the workers write their logs here themselves: keep each job to its cap
                 log_cap.enforce(ctx.logs_dir(job_id))
-            out: dict[str, dict[str, Any] | None] = read(ids)
+            out: dict[str, ProgressRecord | None] = read(ids)
             return out
         except (OSError, SQLAlchemyError) as exc:
             log.warning("reconcile: reading the jobs' progress before the tick failed: %s", exc)

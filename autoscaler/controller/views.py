@@ -15,8 +15,8 @@ from cloud_providers.base import InstanceState, Offering
 
 from ..domain import JobState
 from ..policy import Held, JobView
-from ..summary import job_summary
 from ..state import InstanceRow, Job
+from ..summary import job_summary
 from .context import Context
 from .goodput import scaling_for
 

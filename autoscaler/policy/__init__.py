@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .base import Allocation, Held, JobView, MarketHistory, Placement, Policy, PolicyInput, eligible_offerings
 from .simple import CheapestPolicy
 
@@ -25,7 +27,7 @@ def get_policy(name: str = "default") -> Policy:
     from .baselines import GreedySpotPolicy, OnDemandPolicy, UniformProgressPolicy
     from .spotrain import SpotrainPolicy
 
-    factories: dict[str, type] = {
+    factories: dict[str, Callable[[], Policy]] = {
         "default": SpotrainPolicy,
         "spotrain": SpotrainPolicy,
         "cheapest": CheapestPolicy,

@@ -155,7 +155,8 @@ def homogeneous_configs(job: JobView, options: Sequence[Offering], workers: int,
     return out
 
 
-def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float, *, backoff_s: float = CAPACITY_BACKOFF_S) -> list[Offering]:
+def cap_refused(job: JobView, offerings: Sequence[Offering], now_s: float, *,
+                backoff_s: float = CAPACITY_BACKOFF_S) -> list[Offering]:
     """A spot market that refused the job capacity in the last ``backoff_s`` offers no more room
     than the job already holds there (SkyPilot's failover moves on to the next zone; retrying at
     once would fail again). Its on-demand side is untouched."""

@@ -8,7 +8,8 @@ Per job (``plan_job``):
    (a heterogeneous gang, Can't Be Late section 5.5); and all-on-demand gangs.
 2. Score. ``cost_models.objective.goodput_per_usd``: the job's scaling model (or a prior) and the
    accelerator's speed give the rate (for a job the controller fits by goodput, a ``GoodputScaling``:
-   goodput at the batch configuration the runtime would choose, which the allocation carries); each spot offering's hazard comes from what the controller saw
+   goodput at the batch configuration the runtime would choose, which the allocation carries); each
+   spot offering's hazard comes from what the controller saw
    (preemptions per held hour, room vanishing per watched hour, a Gamma prior for unseen offerings),
    decreasing with the age of the current run of availability (heavy-tailed lifetimes); each
    preemption loses the restart overhead (measured when known) plus the work since the last
@@ -94,7 +95,7 @@ class _KeyedOffering(Offering):
     thousand jobs)."""
 
     @functools.cached_property
-    def key(self) -> str:  # type: ignore[override]
+    def key(self) -> str:
         return offering_key(self.cloud, self.zone, self.instance_type, self.accelerator, self.gpus)
 
 
@@ -158,7 +159,10 @@ def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping
     room = {k: (o.spot_available if o.spot_available is not None else 10**9) for k, o in by_key.items()}
     region_used: dict[str, int] = {}
     spend = 0.0
-    order = sorted(range(len(plans)), key=lambda i: (plans[i].urgency, -(plans[i].candidates[0].score if plans[i].candidates else 0.0), plans[i].job_id))
+    def best_score(plan: JobPlan) -> float:
+        return plan.candidates[0].score if plan.candidates else 0.0
+
+    order = sorted(range(len(plans)), key=lambda i: (plans[i].urgency, -best_score(plans[i]), plans[i].job_id))
     out: dict[int, Allocation] = {}
     for i in order:
         p = plans[i]
@@ -175,7 +179,8 @@ def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping
             for pl in c.placements:
                 reg = by_key[pl.offering_key].region
                 use[reg] = use.get(reg, 0) + pl.instances
-            if any(reg in inp.region_quota_instances and region_used.get(reg, 0) + n > inp.region_quota_instances[reg] for reg, n in use.items()):
+            quota = inp.region_quota_instances
+            if any(reg in quota and region_used.get(reg, 0) + n > quota[reg] for reg, n in use.items()):
                 continue
             chosen = c
             for k, n in c.spot_instances.items():

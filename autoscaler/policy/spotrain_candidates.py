@@ -9,6 +9,7 @@ types shared by all the steps (``Candidate``, ``JobPlan``, ``MarketView``) live 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
@@ -181,7 +182,8 @@ def scaling_key(scaling: Scaling) -> object:
 # Step 1: candidates
 
 
-def candidate_placements(ctx: PlanContext, shared: dict[tuple[object, ...], object] | None) -> list[tuple[tuple[Placement, ...], str]]:
+def candidate_placements(ctx: PlanContext,
+                         shared: dict[tuple[object, ...], object] | None) -> list[tuple[tuple[Placement, ...], str]]:
     """Allocations worth scoring, each once, with what kind they are: the current one; for each gang
     size (max, min, and what the job holds) a spot fill, a spot fill topped up with on-demand (Can't Be
     Late's heterogeneous gang, section 5.5), the cheapest on-demand gangs, and single-offering spot
@@ -206,7 +208,8 @@ def candidate_placements(ctx: PlanContext, shared: dict[tuple[object, ...], obje
                 raw.append((f, "spot+on-demand" if with_od and any(p.market == ON_DEMAND for p in f) else "spot"))
         if on_demand_allowed(job):
             # The same for every job with these options and scaling: computed once per decision.
-            gk = ("od", id(ctx.options) if len(usable) == len(ctx.options) else tuple(o.key for o in usable), scaling_key(ctx.scaling), n)
+            options_key = id(ctx.options) if len(usable) == len(ctx.options) else tuple(o.key for o in usable)
+            gk = ("od", options_key, scaling_key(ctx.scaling), n)
             gangs = shared.get(gk) if shared is not None else None
             if gangs is None:
                 gangs = _on_demand_gangs(usable, ctx.scaling, n, params.od_candidates)
@@ -218,7 +221,7 @@ def candidate_placements(ctx: PlanContext, shared: dict[tuple[object, ...], obje
             ranked = sorted(
                 (o for o in usable if o.spot_price_usd_per_hour is not None and n % o.gpus == 0
                  and max(o.spot_available or 0, ctx.held.get((o.key, SPOT), 0)) >= n // o.gpus),
-                key=lambda o: (o.spot_price_usd_per_hour / o.gpus * (1 + ctx.hazards.get(o.key, hz.PRIOR_HAZARD_PER_HOUR) * ctx.loss_eff_s / 3600), o.key),  # type: ignore[operator]
+                key=lambda o: (_spot_usd_per_gpu_hour_at_risk(o, ctx.hazards, ctx.loss_eff_s), o.key),
             )
             for o in ranked[:params.spot_candidates]:
                 raw.append(((Placement(o.key, SPOT, n // o.gpus),), "spot"))
@@ -229,6 +232,15 @@ def candidate_placements(ctx: PlanContext, shared: dict[tuple[object, ...], obje
             seen.add(pl)
             out.append((pl, kind))
     return out
+
+
+def _spot_usd_per_gpu_hour_at_risk(o: Offering, hazards: Mapping[str, float], loss_s: float) -> float:
+    """``o``'s spot price per GPU-hour, raised by the share of time its preemptions are expected to
+    lose (hazard per hour times ``loss_s``): how the spot fills rank offerings."""
+    price = o.spot_price_usd_per_hour
+    if price is None:  # callers rank only offerings with a spot price
+        return math.inf
+    return price / o.gpus * (1.0 + hazards.get(o.key, hz.PRIOR_HAZARD_PER_HOUR) * loss_s / 3600)
 
 
 def _gpus(ctx: PlanContext, placements: tuple[Placement, ...]) -> int:
@@ -259,7 +271,7 @@ def _fills(
         keyed = []
         for o in options:
             if o.key in room and room[o.key] > 0:
-                eff = o.spot_price_usd_per_hour / o.gpus * (1.0 + hazards.get(o.key, hz.PRIOR_HAZARD_PER_HOUR) * d / 3600)  # type: ignore[operator]
+                eff = _spot_usd_per_gpu_hour_at_risk(o, hazards, d)
                 keyed.append((0 if (o.key, SPOT) in held else 1, eff, o.key, o))
         keyed.sort(key=lambda x: x[:3])
         for _, _, _, o in keyed:
@@ -270,7 +282,8 @@ def _fills(
                 out[(o.key, SPOT)] = n
                 left -= n * o.gpus
     if with_on_demand and on_demand_allowed(job) and left > 0:
-        ods = sorted(options, key=lambda o: (0 if (o.key, ON_DEMAND) in held else 1, o.on_demand_price_usd_per_hour / o.gpus, o.key))
+        ods = sorted(options, key=lambda o: (0 if (o.key, ON_DEMAND) in held else 1,
+                                             o.on_demand_price_usd_per_hour / o.gpus, o.key))
         for o in ods:
             if left < o.gpus:
                 continue
@@ -285,11 +298,17 @@ def _fills(
     return tuple(Placement(k, m, n) for (k, m), n in sorted(out.items()))
 
 
-def _on_demand_gangs(options: Sequence[Offering], scaling: Scaling, n: int, count: int) -> list[tuple[Placement, ...]]:
+def _on_demand_gangs(options: Sequence[Offering], scaling: Scaling, n: int,
+                     count: int) -> list[tuple[Placement, ...]]:
     """The ``count`` cheapest on-demand gangs of ``n`` GPUs per unit of work (a few: on demand never
     runs out)."""
     fits = [o for o in options if n % o.gpus == 0]
-    fits.sort(key=lambda o: (o.on_demand_price_usd_per_hour * (n // o.gpus) / max(1e-12, gang_rate(scaling, ((o, n // o.gpus),))), o.key))
+
+    def usd_per_work(o: Offering) -> float:
+        instances = n // o.gpus
+        return o.on_demand_price_usd_per_hour * instances / max(1e-12, gang_rate(scaling, ((o, instances),)))
+
+    fits.sort(key=lambda o: (usd_per_work(o), o.key))
     return [(Placement(o.key, ON_DEMAND, n // o.gpus),) for o in fits[:count]]
 
 
@@ -318,10 +337,14 @@ def score_candidates(ctx: PlanContext, cands: Sequence[tuple[tuple[Placement, ..
         rate = gang_rate(ctx.scaling, parts)
         if rate <= 0:
             continue
-        price = sum(o.price_usd_per_hour(p.market) * p.instances for o, p in zip((ctx.by_key[p.offering_key] for p in pl), pl))
+        price = sum(ctx.by_key[p.offering_key].price_usd_per_hour(p.market) * p.instances for p in pl)
         lam = ctx.hazard(pl)
         switch_s = ctx.switch_s(pl)
-        horizon = min(horizon_cap, w_rem / rate / objective.productive_fraction(lam, ctx.loss_s) + switch_s) if w_rem > 0 else lag
-        score = objective.goodput_per_usd(rate, price, horizon_s=max(horizon, lag), hazard_per_hour=lam, loss_s=ctx.loss_eff_s, switch_s=switch_s)
+        if w_rem > 0:
+            horizon = min(horizon_cap, w_rem / rate / objective.productive_fraction(lam, ctx.loss_s) + switch_s)
+        else:
+            horizon = lag
+        score = objective.goodput_per_usd(rate, price, horizon_s=max(horizon, lag), hazard_per_hour=lam,
+                                          loss_s=ctx.loss_eff_s, switch_s=switch_s)
         scored.append(Candidate(pl, rate, price, score, kind, gang_batch(ctx.scaling, parts)))
     return scored

@@ -20,7 +20,8 @@ from .spotrain_candidates import Candidate, JobPlan, PlanContext
 from .spotrain_deadline import DeadlineState
 
 
-def budget_filter(ctx: PlanContext, scored: Sequence[Candidate], allowed: list[Candidate], st: DeadlineState) -> list[Candidate] | JobPlan:
+def budget_filter(ctx: PlanContext, scored: Sequence[Candidate], allowed: list[Candidate],
+                  st: DeadlineState) -> list[Candidate] | JobPlan:
     """The allowed candidates that fit the money left, those whose expected cost fits first; or the
     job's plan when the budget decides it. A candidate fits when finishing on it without further
     preemptions (and one decision interval at its price) fits; it fits comfortably when its expected

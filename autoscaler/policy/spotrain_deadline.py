@@ -67,7 +67,8 @@ def deadline_state(ctx: PlanContext, fallback_rate: float) -> DeadlineState:
     return DeadlineState("ahead", NORMAL, fallback_rate, safety, slack, reserve, wake_s=max(now + ctx.lag, now + slack - reserve))
 
 
-def reserve_s(options: Sequence[Offering], views: Mapping[str, MarketView], fallback_s: float, d: float, lag: float, safety: float) -> float:
+def reserve_s(options: Sequence[Offering], views: Mapping[str, MarketView], fallback_s: float, d: float, lag: float,
+              safety: float) -> float:
     """Slack to keep before the job stops waiting for spot: the Safety Net plus one spot cycle
     (restart on spot, preemption, restart on the fallback: 2d + lag) per preemption expected over the
     rest of the work, at the least hazardous eligible offering's mean hazard. Above it, waiting for
@@ -161,7 +162,8 @@ def _ahead(ctx: PlanContext, scored: list[Candidate], st: DeadlineState) -> tupl
     allowed = [c for c in scored if c.all_spot and life_ok(c, ctx, k, from_od=on_od)]
     reason = "slack above the reserve: spot only, else wait"
     soonest_s = min((ctx.views[o.key].mean_outage_s for o in ctx.usable if o.key in ctx.views), default=math.inf)
-    if not allowed and on_od and not ctx.job.restarting and st.slack_s <= st.reserve_s + max(p.od_release_cycles * (2.0 * d + lag), soonest_s):
+    release_s = max(p.od_release_cycles * (2.0 * d + lag), soonest_s)
+    if not allowed and on_od and not ctx.job.restarting and st.slack_s <= st.reserve_s + release_s:
         allowed = [c for c in scored if c.placements == ctx.cur]
         reason = "slack just above the reserve: stays on demand until spot has room"
     if allowed and (not ctx.cur or ctx.job.restarting):

@@ -72,7 +72,8 @@ def split_windows(trace: MarketTrace, job: SimJob, train_fraction: float) -> Win
         raise ValueError(f"train fraction must be in (0, 1), got {train_fraction!r}")
     span = float(job.spec.objective.deadline_s or job.work)
     split = trace.duration_s * train_fraction
-    w = Windows(split_s=split, span_s=span, train_hi_s=split - span, test_hi_s=trace.duration_s - span, duration_s=trace.duration_s)
+    w = Windows(split_s=split, span_s=span, train_hi_s=split - span, test_hi_s=trace.duration_s - span,
+                duration_s=trace.duration_s)
     for name, lo, hi in (("training", 0.0, w.split_s), ("held-back", w.split_s, w.duration_s)):
         if hi - lo < span:
             raise ValueError(f"the {name} window ({(hi - lo) / 3600:.1f} h of the {trace.duration_s / 3600:.1f} h trace) "

@@ -31,6 +31,7 @@ from typing import Any
 
 from cloud_providers.base import SPOT, Offering
 from cloud_providers.local.market import MarketTrace
+from cost_models.scaling import Scaling
 
 from ..accounting import holdings_burn_rate_usd_per_hour
 from ..controller.budget import guard_left_s, guard_reason, horizon_s, launch_reason, price_caps
@@ -40,8 +41,6 @@ from ..policy.jobmath import gang_rate
 from ..spec import JobSpec
 from .executor import STEP_EPS, STEPS_PER_S
 from .market_watch import MarketWatch
-
-from cost_models.scaling import Scaling
 
 GRID_S = 300.0
 # The controller decides every few seconds; the simulator decides at least this often even when
@@ -355,7 +354,8 @@ class _Budget:
         prices = [offers[k].price_usd_per_hour(m) for (k, m), n in target.items() for _ in range(n - r.holdings.get((k, m), 0))]
         if not prices:
             return None
-        return launch_reason(_billed_so_far(r, offers), self.budget_usd, self._rate(r, offers), self.horizon_s, prices, self.horizon_s)
+        billed_usd = _billed_so_far(r, offers)
+        return launch_reason(billed_usd, self.budget_usd, self._rate(r, offers), self.horizon_s, prices, self.horizon_s)
 
     def due_s(self, r: _Run, offers: dict[str, Offering]) -> float | None:
         if self.budget_usd is None:

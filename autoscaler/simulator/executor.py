@@ -47,7 +47,6 @@ from cost_models.scaling import Scaling, accelerator_speed
 from ..policy.jobmath import gang_rate, gang_shape
 from ..scaling import BatchConfig, GoodputScaling
 
-
 STEPS_PER_S = 100
 # Rounding slack when counting whole steps (a step done in float arithmetic may fall a hair short).
 STEP_EPS = 1e-6
@@ -222,7 +221,10 @@ class SimulatedExecutor:
         job.disrupted_s = t if job.disrupted_s is None else job.disrupted_s
         w = job.workload
         o = self._offering_of(instance_id)
-        notice_s = (o.notice_seconds if o is not None else 120.0) if notice.get("reason") == protocol.NOTICE_PREEMPTION else math.inf
+        if notice.get("reason") == protocol.NOTICE_PREEMPTION:
+            notice_s = o.notice_seconds if o is not None else 120.0
+        else:
+            notice_s = math.inf
         if notice_s >= w.checkpoint_save_s:
             # Checkpoint at the boundary, save, exit 85: no work lost.
             job.checkpoint = job.done
@@ -246,12 +248,13 @@ class SimulatedExecutor:
         g.rate = 0.0
         g.exit_s, g.exit_code = None, None  # the work since the last checkpoint is lost
 
-    def progress(self, job_id: str) -> dict[str, Any] | None:
+    def progress(self, job_id: str) -> protocol.ProgressRecord | None:
         job = self._jobs.get(job_id)
         if job is None:
             return None
         self._advance(job, self._now_s())
-        out: dict[str, Any] = {"step": int(math.floor(job.done * STEPS_PER_S + STEP_EPS)), "total_steps": job.workload.total_steps,
+        out: protocol.ProgressRecord = {"step": int(math.floor(job.done * STEPS_PER_S + STEP_EPS)),
+                               "total_steps": job.workload.total_steps,
                                "last_checkpoint_step": int(math.floor(job.checkpoint * STEPS_PER_S + STEP_EPS))}
         if job.gang is not None and job.gang.rate > 0:
             out["step_time_s"] = 1.0 / (job.gang.rate * STEPS_PER_S)
@@ -326,7 +329,7 @@ def _profiled_rate(w: SimWorkload, g: _Gang, parts: list[tuple[Offering, int]]) 
     return speed * truth.speedup_at(workers, per_node, batch)
 
 
-def _report_profile(job: _Job, now_s: float, out: dict[str, Any]) -> None:
+def _report_profile(job: _Job, now_s: float, out: protocol.ProgressRecord) -> None:
     """What a profiling runtime adds to its report: the profile (a row once the gang trains),
     the gradient statistics, the batch configuration."""
     w, g = job.workload, job.gang
@@ -340,4 +343,5 @@ def _report_profile(job: _Job, now_s: float, out: dict[str, Any]) -> None:
     if w.grad_stats is not None:
         out["grad_sqr"], out["grad_var"] = w.grad_stats
     if g is not None and g.batch is not None and g.rate > 0:
-        out.update(g.batch.to_json())
+        b = g.batch
+        out["batch_size"], out["local_bsz"], out["accum_steps"] = b.batch_size, b.local_bsz, b.accum_steps

@@ -118,7 +118,9 @@ def _configs(sim: Simulation, job: SimJob, view: JobView) -> list[_Cfg]:
     # On demand is always available: keep only the Pareto front of (rate up, price down).
     od = [c for c in out if c.market == ON_DEMAND]
     price = {c: next(o for o in offers if o.key == c.key).on_demand_price_usd_per_hour * c.instances for c in od}
-    dominated = {c for c in od for e in od if e != c and e.rate >= c.rate and price[e] <= price[c] and (e.rate > c.rate or price[e] < price[c] or e.key < c.key)}
+    dominated = {c for c in od for e in od
+                 if e != c and e.rate >= c.rate and price[e] <= price[c]
+                 and (e.rate > c.rate or price[e] < price[c] or e.key < c.key)}
     return [c for c in out if c not in dominated]
 
 

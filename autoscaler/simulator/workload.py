@@ -44,11 +44,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from cloud_providers.base import Offering
 from cloud_providers.local.market import MarketTrace
 from cloud_providers.safe_files import FileRefused, read_text_file
 from cost_models.scaling import LinearScaling, ProfileScaling
-from sqlalchemy import select
 
 from ..errors import SpecError
 from ..policy.base import Policy
@@ -116,7 +117,8 @@ def read_workload(path: str | Path) -> list[WorkloadJob]:
             raise WorkloadError(f"workload {path}: line {i}: application {job.application!r} has no profile of its own "
                                 f"(known: {', '.join(sorted(MODELS))})")
         if job.replicas < 1 or job.batch_size < 1 or not 0 <= job.submit_s < math.inf:
-            raise WorkloadError(f"workload {path}: line {i}: time, num_replicas and batch_size must be positive (and time finite)")
+            raise WorkloadError(f"workload {path}: line {i}: time, num_replicas and batch_size must be positive "
+                                "(and time finite)")
         if job.replicas > MAX_REPLICAS or job.batch_size > MAX_BATCH:
             raise WorkloadError(f"workload {path}: line {i}: num_replicas (at most {MAX_REPLICAS}) or batch_size "
                                 f"(at most {MAX_BATCH}) out of range")
@@ -265,7 +267,9 @@ def _add_gpu_hours(world: World, runs: Sequence[_Run], out: dict[str, Any]) -> N
     """Billed GPU-hours and batch events per job, and their totals."""
     with world.store.session() as s:
         for r, rec in zip(runs, out["per_job"]):
-            rows: list[InstanceRow] = list(s.scalars(select(InstanceRow).where(InstanceRow.job_id == r.job_id))) if r.job_id else []
+            rows: list[InstanceRow] = []
+            if r.job_id:
+                rows = list(s.scalars(select(InstanceRow).where(InstanceRow.job_id == r.job_id)))
             rec["gpu_hours"] = round(sum(x.billed_seconds * x.gpus for x in rows) / 3600.0, 4)
             rec["batch_events"] = sum(1 for e in world.events(r.job_id) if e[1] == "batch") if r.job_id else 0
     out["gpu_hours"] = round(sum(j["gpu_hours"] for j in out["per_job"]), 4)
@@ -277,7 +281,8 @@ def _summary(runs: Sequence[_Run], outcomes: Sequence[JobOutcome | None], start_
     for r, o in zip(runs, outcomes):
         ended = o is not None and o.state == "SUCCEEDED" and o.finished_s is not None
         jct = (o.finished_s - start_s - r.job.submit_s) / 3600.0 if ended and o is not None and o.finished_s is not None else None
-        per_job.append({"name": r.job.name, "application": r.job.application, "profile": r.job.profile, "replicas": r.job.replicas,
+        per_job.append({"name": r.job.name, "application": r.job.application, "profile": r.job.profile,
+                        "replicas": r.job.replicas,
                         "batch_size": r.job.batch_size, "ran_gpus": r.ran.replicas, "ran_batch_size": r.ran.batch_size,
                         "state": o.state if o is not None else "UNFINISHED", "cost_usd": round(o.cost_usd if o else 0.0, 4),
                         "on_demand_cost_usd": round(o.on_demand_cost_usd if o else 0.0, 4),

@@ -118,7 +118,7 @@ class World:
         overhead as if it had measured it."""
         if spec.checkpoint.store is None:
             spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store": SIM_STORE})})
-        job_id = self.controller.submit(spec, Path("."))["job_id"]
+        job_id = str(self.controller.submit(spec, Path("."))["job_id"])
         self.executor.add_job(job_id, workload)
         self._scaling[job_id] = workload.scaling
         with self.store.session() as s:

@@ -36,12 +36,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, String, Text, event, insert, select, update
+from sqlalchemy import BigInteger, CursorResult, Float, Result, String, Text, event, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from ..errors import Conflict
 from .models import Base
+
+
+def _rowcount(result: Result[Any]) -> int:
+    """The rows an ``UPDATE`` matched (its result is its cursor's)."""
+    assert isinstance(result, CursorResult)
+    return result.rowcount
 
 log = logging.getLogger("spotrain.lease")
 
@@ -165,9 +171,10 @@ class LeaderLease:
     def _renew(self) -> bool:
         t0, t_wall = self.clock(), self.wall()
         with self.engine.begin() as conn:
-            n = conn.execute(update(LeaseRow).where(LeaseRow.name == self.name, LeaseRow.holder == self.me.id,
-                                                    LeaseRow.epoch == self.epoch)
-                             .values(version=LeaseRow.version + 1, **self._values(t_wall))).rowcount
+            result = conn.execute(update(LeaseRow).where(LeaseRow.name == self.name, LeaseRow.holder == self.me.id,
+                                                         LeaseRow.epoch == self.epoch)
+                                  .values(version=LeaseRow.version + 1, **self._values(t_wall)))
+            n = _rowcount(result)
         if n == 1:
             self._deadline = t0 + self.ttl_s
         return n == 1
@@ -192,9 +199,9 @@ class LeaderLease:
         if not may_take(seen, unchanged_s=t0 - self._observed_at, me=self.me):
             return False
         with self.engine.begin() as conn:
-            n = conn.execute(update(LeaseRow).where(LeaseRow.name == self.name, LeaseRow.epoch == seen.epoch,
-                                                    LeaseRow.version == seen.version)
-                             .values(epoch=seen.epoch + 1, version=seen.version + 1, **mine)).rowcount
+            n = _rowcount(conn.execute(update(LeaseRow).where(LeaseRow.name == self.name, LeaseRow.epoch == seen.epoch,
+                                                              LeaseRow.version == seen.version)
+                                       .values(epoch=seen.epoch + 1, version=seen.version + 1, **mine)))
         return n == 1 and self._took(seen.epoch + 1, t0)
 
     def _took(self, epoch: int, t0: float) -> bool:
@@ -227,8 +234,8 @@ class LeaderLease:
         epoch = self.epoch
         if epoch is None:
             raise Conflict(f"controller fleet {self.name}: this controller is not the leader")
-        n = s.execute(update(LeaseRow).where(LeaseRow.name == self.name, LeaseRow.holder == self.me.id,
-                                             LeaseRow.epoch == epoch).values(epoch=LeaseRow.epoch)).rowcount
+        n = _rowcount(s.execute(update(LeaseRow).where(LeaseRow.name == self.name, LeaseRow.holder == self.me.id,
+                                                       LeaseRow.epoch == epoch).values(epoch=LeaseRow.epoch)))
         if n != 1:
             self.epoch = None
             raise Conflict(f"controller fleet {self.name}: the lease of epoch {epoch} was taken over")

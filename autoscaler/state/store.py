@@ -227,10 +227,11 @@ class Store(Database):
             select(Decision.job_id).where(Decision.status == "pending"))))
         # The few held jobs are looked up by id (joined on the controller, SQLite would walk every
         # job of the controller instead).
-        q = select(Job.job_id).where(Job.controller_id == controller_id, Job.state.in_(_LIVE_STATES))
-        if held:
-            q = q.union(select(Job.job_id).where(Job.job_id.in_(sorted(held)), Job.controller_id == controller_id))
-        return set(s.scalars(q))
+        live = select(Job.job_id).where(Job.controller_id == controller_id, Job.state.in_(_LIVE_STATES))
+        if not held:
+            return set(s.scalars(live))
+        return set(s.scalars(live.union(
+            select(Job.job_id).where(Job.job_id.in_(sorted(held)), Job.controller_id == controller_id))))
 
     def events(self, s: Session, job_id: str) -> list[Event]:
         return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)))

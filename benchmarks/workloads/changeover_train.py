@@ -3,9 +3,9 @@ is ``CHANGEOVER_STATE_MB`` megabytes (float32 weights, plain SGD, so the state i
 
 Runs under the local cloud like any job (``ElasticTrainer``, settings from the environment).
 ``CHANGEOVER_STEP_S`` pads each step to at least that long, so that a tiny model's run lasts
-long enough for a notice to land in the middle of it. The script adds two moments of its own to the runtime's timeline, ``imports_done`` and ``model_built``, so that
-the benchmark can split a worker's start into interpreter + imports, model construction and the
-trainer's own start.
+long enough for a notice to land in the middle of it. The script adds two moments of its own to
+the runtime's timeline, ``imports_done`` and ``model_built``, so that the benchmark can split a
+worker's start into interpreter + imports, model construction and the trainer's own start.
 """
 
 from __future__ import annotations

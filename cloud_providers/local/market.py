@@ -184,7 +184,8 @@ class MarketTrace:
             for name, value, low in (("time_s", t, 0.0), ("gpus", gpus, 1), ("on_demand_price", od, 1e-12),
                                      ("spot_available", avail, 0), ("spot_price", spot if spot is not None else 1.0, 1e-12)):
                 if value < low:
-                    raise TraceError(f"{source}: line {lineno}: {name} must be {'>= 0' if low == 0 else '> 0'} (got {rec[name]!r})")
+                    bound = ">= 0" if low == 0 else "> 0"
+                    raise TraceError(f"{source}: line {lineno}: {name} must be {bound} (got {rec[name]!r})")
             if gpus > MAX_GPUS or avail > MAX_SPOT_AVAILABLE:
                 raise TraceError(f"{source}: line {lineno}: gpus (at most {MAX_GPUS}) or spot_available (at most "
                                  f"{MAX_SPOT_AVAILABLE}) out of range")

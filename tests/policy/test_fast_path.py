@@ -21,8 +21,8 @@ import pytest
 
 from autoscaler.simulator import Simulation, make_sim_job, run_named
 from autoscaler.simulator.jobs import run_controller
-from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 from autoscaler.spec import spec_from_dict
+from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 
 STARTS = int(os.environ.get("SPOTRAIN_FAST_PATH_STARTS", "32"))
 HOURS = 24 * 5

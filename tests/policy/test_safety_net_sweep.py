@@ -16,8 +16,8 @@ from conftest import make_spec
 
 from autoscaler.policy import Held, JobView, PolicyInput, get_policy
 from autoscaler.simulator import Simulation, make_sim_job, run_named
-from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 from cloud_providers.base import ON_DEMAND, Offering
+from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 
 SAFETY_NET_POLICIES = ("omniscient", "greedy-spot", "uniform-progress", "spotrain")
 ZONES = {"one zone": (SINGLE_ZONE, 1), "four zones": (MULTI_ZONE, 1), "4-instance gang": (MULTI_NODE, 4)}
@@ -39,7 +39,8 @@ def test_no_deadline_is_missed(zones: str, step_s: float) -> None:
         sim = Simulation(trace, spec)
         for overhead_min in (1, 3, 6, 12):
             job = make_sim_job(spec, restart_overhead_s=overhead_min * 60.0)
-            starts = np.random.default_rng(overhead_min * 101 + int(step_s) + deadline_h).uniform(0, (TRACE_HOURS - deadline_h - 2) * 3600, STARTS)
+            rng = np.random.default_rng(overhead_min * 101 + int(step_s) + deadline_h)
+            starts = rng.uniform(0, (TRACE_HOURS - deadline_h - 2) * 3600, STARTS)
             for policy in SAFETY_NET_POLICIES:
                 for s in starts:
                     r = run_named(sim, job, policy, float(s))
@@ -70,7 +71,10 @@ def test_uniform_progress_stays_on_demand_at_equality() -> None:
     """Ahead of uniform progress, on demand, with spot room: at R == C + 2d + lag the safety net holds
     it on demand (going back to spot now would cost a restart the slack no longer covers twice)."""
     job, now = _at_equality(63 / 64)
-    job = JobView(job.job_id, job.spec, job.submitted_s, job.progress, held=(Held(V100.key, ON_DEMAND, 1),), restart_overhead_s=360.0)
-    spot_room = Offering(*(V100.cloud, V100.region, V100.zone, V100.instance_type, V100.accelerator, 1, 3.06, 0.92), spot_available=1)
-    a = get_policy("uniform-progress").decide(PolicyInput(now_s=now, jobs=[job], offerings=[spot_room], decision_interval_s=300.0))[0]
+    job = JobView(job.job_id, job.spec, job.submitted_s, job.progress, held=(Held(V100.key, ON_DEMAND, 1),),
+                  restart_overhead_s=360.0)
+    spot_room = Offering(*(V100.cloud, V100.region, V100.zone, V100.instance_type, V100.accelerator, 1, 3.06, 0.92),
+                         spot_available=1)
+    a = get_policy("uniform-progress").decide(PolicyInput(now_s=now, jobs=[job], offerings=[spot_room],
+                                                          decision_interval_s=300.0))[0]
     assert [p.market for p in a.placements] == [ON_DEMAND], a

@@ -1,4 +1,5 @@
-"""The simulate / estimate CLI contract (on a generated trace; the generator's own statistics: tests/research/test_tracegen.py)."""
+"""The simulate / estimate CLI contract (on a generated trace; the generator's own statistics:
+tests/research/test_tracegen.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_simulate_json_contract(files, policy: str) -> None:  # type: ignore[no-
 
 
 def test_simulate_starts_gives_one_line_per_run(files) -> None:  # type: ignore[no-untyped-def]
-    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(files / "job.yaml"), "--starts", "4", "--seed", "2", "--json"])
+    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(files / "job.yaml"), "--starts", "4",
+                                      "--seed", "2", "--json"])
     assert r.exit_code == 0, r.output
     lines = [json.loads(x) for x in r.output.strip().splitlines()]
     assert len(lines) == 4 and len({x["start_hours"] for x in lines}) > 1
@@ -80,7 +82,8 @@ def test_trace_and_workload_input_errors_are_spec_errors(files, tmp_path) -> Non
     assert isinstance(r.exception, SpecError) and "not UTF-8" in str(r.exception)
     # No offering of the trace matches the job: say so instead of simulating nothing.
     other = files / "job.yaml"
-    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(other), "--set", "resources.accelerators=[A100:1]"])
+    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(other), "--set",
+                                      "resources.accelerators=[A100:1]"])
     assert isinstance(r.exception, SpecError) and "no offering in the trace matches" in str(r.exception)
     wl = tmp_path / "w.csv"
     wl.write_text("name,time,application,num_replicas,batch_size\njob!,10,cifar10,1,128\n")

@@ -20,7 +20,8 @@ def single() -> Simulation:
 
 @pytest.fixture(scope="module")
 def multinode() -> Simulation:
-    return Simulation(generate_trace(MULTI_NODE, hours=TRACE_HOURS, seed=9), make_spec(workers={"min": 4, "max": 4}, training={"logical_workers": 4, "global_batch_size": 256}))
+    spec = make_spec(workers={"min": 4, "max": 4}, training={"logical_workers": 4, "global_batch_size": 256})
+    return Simulation(generate_trace(MULTI_NODE, hours=TRACE_HOURS, seed=9), spec)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,8 @@ def multi() -> Simulation:
 
 @pytest.mark.parametrize("which,fraction,overhead_min", [("single", 0.8, 12), ("single", 0.9, 6), ("single", 0.6, 1),
                                                          ("multi", 0.9, 12), ("multi", 0.6, 3), ("multinode", 0.8, 12)])
-def test_omniscient_is_a_lower_bound_and_nobody_misses(request: pytest.FixtureRequest, which: str, fraction: float, overhead_min: int) -> None:
+def test_omniscient_is_a_lower_bound_and_nobody_misses(request: pytest.FixtureRequest, which: str, fraction: float,
+                                                       overhead_min: int) -> None:
     sim: Simulation = request.getfixturevalue(which)
     n = 4 if which == "multinode" else 1
     spec = make_spec(simulate={"work_gpu_hours": 24 * fraction * n}, workers={"min": n, "max": n},
@@ -82,7 +84,8 @@ def test_budget_is_never_exceeded(single: Simulation) -> None:
     r = run_named(single, job, "spotrain", 0)
     assert r.state == "FAILED_BUDGET" and "budget" in r.reason
     assert r.cost_usd <= 20.0
-    ok = run_named(single, make_sim_job(make_spec(objective={"budget_usd": 60.0}, simulate={"work_gpu_hours": 10}), restart_overhead_s=600), "spotrain", 0)
+    ok = run_named(single, make_sim_job(make_spec(objective={"budget_usd": 60.0}, simulate={"work_gpu_hours": 10}),
+                                        restart_overhead_s=600), "spotrain", 0)
     assert ok.state == "SUCCEEDED" and ok.cost_usd <= 60.0
 
 
@@ -122,7 +125,8 @@ def test_omniscient_plans_only_room_that_lasts_the_tick() -> None:
     header = "time_s,cloud,region,zone,instance_type,accelerator,gpus,spot_price,on_demand_price,spot_available\n"
     rows = [(0, 1), (10900, 0), (40000, 0)]
     trace = MarketTrace.parse(header + "".join(f"{t},aws,us-east-1,us-east-1a,p3.2xlarge,V100,1,1.0,3.06,{a}\n" for t, a in rows))
-    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws"]}, objective={"deadline": "5h"}, simulate={"work_gpu_hours": 4})
+    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws"]}, objective={"deadline": "5h"},
+                     simulate={"work_gpu_hours": 4})
     sim = Simulation(trace, spec)
     job = make_sim_job(spec, restart_overhead_s=600)
     plan = plan_omniscient(sim, job, 0.0)

@@ -8,9 +8,9 @@ import time
 import pytest
 from conftest import make_spec
 
+from autoscaler.domain import Outcome
 from autoscaler.policy import Held, JobView, PolicyInput, get_policy
 from autoscaler.policy.spotrain import SpotrainPolicy
-from autoscaler.domain import Outcome
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cloud_providers.local.market import MarketTrace
 
@@ -37,7 +37,8 @@ def test_quickstart_two_spot_workers_then_replacement_then_on_demand() -> None:
     offers = trace.offerings_at(0)
     job = JobView("q", quickstart_spec(), submitted_s=0, progress=0.0)
     a = _decide(job, offers)
-    cheapest = min((o for o in offers if o.accelerator == "T4" and (o.spot_available or 0) >= 2), key=lambda o: o.spot_price_usd_per_hour)
+    cheapest = min((o for o in offers if o.accelerator == "T4" and (o.spot_available or 0) >= 2),
+                   key=lambda o: o.spot_price_usd_per_hour)
     assert a.outcome is None
     assert [(p.offering_key, p.market, p.instances) for p in a.placements] == [(cheapest.key, SPOT, 2)]
     # At 600 s the market takes one back: replace it with the next best spot offering with room.
@@ -59,25 +60,29 @@ def test_keeps_its_allocation_without_a_reason_to_move() -> None:
     first = _decide(job, offers)
     held = tuple(Held(p.offering_key, p.market, p.instances) for p in first.placements)
     # A slightly cheaper offering appears elsewhere: not worth a restart.
-    cheaper = [dataclasses.replace(o, spot_price_usd_per_hour=o.spot_price_usd_per_hour * 0.97) if o.key != first.placements[0].offering_key and o.spot_price_usd_per_hour else o for o in offers]
+    cheaper = [dataclasses.replace(o, spot_price_usd_per_hour=o.spot_price_usd_per_hour * 0.97)
+               if o.key != first.placements[0].offering_key and o.spot_price_usd_per_hour else o for o in offers]
     again = _decide(dataclasses.replace(job, held=held), cheaper, 60)
     assert again.placements == first.placements
 
 
 def test_budget_fails_early_with_a_clear_reason() -> None:
     offers = MarketTrace.bundled().offerings_at(0)
-    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 400})
+    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5},
+                     simulate={"work_gpu_hours": 400})
     a = _decide(JobView("b", spec, submitted_s=0, progress=0.0), offers)
     assert a.outcome is Outcome.BUDGET and "$" in a.reason and a.placements == ()
     # Nearly spent: finishing cannot fit any more.
-    small = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5}, simulate={"work_gpu_hours": 1})
+    small = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 5},
+                      simulate={"work_gpu_hours": 1})
     b = _decide(JobView("b", small, submitted_s=0, progress=0.5, cost_so_far_usd=4.99999), offers)
     assert b.outcome is Outcome.BUDGET
 
 
 def test_budget_that_only_spot_fits_waits_for_spot_room_instead_of_failing() -> None:
     t4 = Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge", "T4", 1, 0.526, 0.158, spot_available=2)
-    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 6}, simulate={"work_gpu_hours": 10})
+    spec = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 6},
+                     simulate={"work_gpu_hours": 10})
     job = JobView("w", spec, submitted_s=0, progress=0.0, restart_overhead_s=300)
     # 10 V100-hours are 25 T4-hours: $6 covers them on spot ($3.96) but not on demand ($13.15); no
     # spot room at the moment is no reason to fail.
@@ -88,7 +93,8 @@ def test_budget_that_only_spot_fits_waits_for_spot_room_instead_of_failing() -> 
     assert [(p.offering_key, p.market) for p in back.placements] == [(t4.key, SPOT)]
     # A budget between the cost without preemptions and the expected one still runs (it fails only
     # once finishing without further preemptions no longer fits).
-    tight = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 3.99}, simulate={"work_gpu_hours": 10})
+    tight = make_spec(resources={"accelerators": ["T4:1"], "clouds": ["aws"]}, objective={"budget_usd": 3.99},
+                      simulate={"work_gpu_hours": 10})
     run = _decide(JobView("t", tight, submitted_s=0, progress=0.0, restart_overhead_s=300), [t4])
     assert run.outcome is None and [(p.offering_key, p.market) for p in run.placements] == [(t4.key, SPOT)]
 
@@ -178,11 +184,13 @@ def test_reserve_follows_the_measured_restart_overhead() -> None:
 def test_running_spot_gang_is_not_moved_for_a_guess() -> None:
     """Exploitation: an intact spot gang stays when another spot offering is only a little cheaper."""
     offers = MarketTrace.bundled().offerings_at(0)
-    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]}, objective={"deadline": "24h"}, simulate={"work_gpu_hours": 12})
+    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]}, objective={"deadline": "24h"},
+                     simulate={"work_gpu_hours": 12})
     v100 = [o for o in offers if o.accelerator == "V100" and o.gpus == 1 and (o.spot_available or 0) > 0]
     dearest = max(v100, key=lambda o: o.spot_price_usd_per_hour)
     job = JobView("s", spec, submitted_s=0, progress=0.2, held=(Held(dearest.key, SPOT, 1),))
-    cheaper = [dataclasses.replace(o, spot_price_usd_per_hour=dearest.spot_price_usd_per_hour * 0.97) if o in v100 and o != dearest else o for o in offers]
+    cheaper = [dataclasses.replace(o, spot_price_usd_per_hour=dearest.spot_price_usd_per_hour * 0.97)
+               if o in v100 and o != dearest else o for o in offers]
     a = _decide(job, cheaper, 3600)
     assert [(p.offering_key, p.market) for p in a.placements] == [(dearest.key, SPOT)]
 
@@ -198,7 +206,8 @@ def test_leaves_on_demand_for_an_established_run_only_when_slack_is_short() -> N
     new = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge", "V100", 1, 3.06, 0.90, spot_available=2)
     now = 3600.0  # 23 h left, 22.5 h of work: 30 min of slack, d = 12 min
     job = JobView("o", spec, submitted_s=0, progress=0.0, held=(Held(old.key, ON_DEMAND, 1),), restart_overhead_s=720)
-    hist = {old.key: MarketHistory(old.key, available_since_s=now - 3 * 3600), new.key: MarketHistory(new.key, available_since_s=now - 600)}
+    hist = {old.key: MarketHistory(old.key, available_since_s=now - 3 * 3600),
+            new.key: MarketHistory(new.key, available_since_s=now - 600)}
     pol = get_policy("default")
     a = pol.decide(PolicyInput(now_s=now, jobs=[job], offerings=[old, new], history=hist))[0]
     assert [(p.offering_key, p.market) for p in a.placements] == [(old.key, SPOT)]
@@ -218,8 +227,10 @@ def test_moves_to_a_much_cheaper_long_run_even_with_moderate_slack() -> None:
     dear = Offering("aws", "us-west-2", "us-west-2b", "p3.2xlarge", "V100", 1, 3.06, 1.09, spot_available=3)
     cheap = Offering("gcp", "us-central1", "us-central1-a", "n1-standard-8", "V100", 1, 2.86, 0.84, spot_available=3)
     now, watched = 10 * 3600.0, 500 * 3600.0
-    hist = {dear.key: MarketHistory(dear.key, watched_s=watched, available_s_at_least=(0.4 * watched,), drops=83, available_since_s=now - 20 * 3600),
-            cheap.key: MarketHistory(cheap.key, watched_s=watched, available_s_at_least=(0.76 * watched,), drops=119, available_since_s=now - 2.2 * 3600)}
+    hist = {dear.key: MarketHistory(dear.key, watched_s=watched, available_s_at_least=(0.4 * watched,), drops=83,
+                                    available_since_s=now - 20 * 3600),
+            cheap.key: MarketHistory(cheap.key, watched_s=watched, available_s_at_least=(0.76 * watched,), drops=119,
+                                     available_since_s=now - 2.2 * 3600)}
     job = JobView("m", spec, submitted_s=0, progress=0.46, held=(Held(dear.key, SPOT, 1),), restart_overhead_s=720)
     pol = get_policy("default")
 

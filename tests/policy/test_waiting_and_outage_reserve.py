@@ -33,7 +33,8 @@ def _zones() -> tuple[Offering, Offering]:
 
 
 def _decide(params: PolicyParams, job: JobView, offers: list[Offering], hist: dict[str, MarketHistory]) -> list[tuple[str, str]]:
-    a = SpotrainPolicy(params).decide(PolicyInput(now_s=0.0, jobs=[job], offerings=offers, history=hist, decision_interval_s=LAG))[0]
+    a = SpotrainPolicy(params).decide(PolicyInput(now_s=0.0, jobs=[job], offerings=offers, history=hist,
+                                                  decision_interval_s=LAG))[0]
     return [(p.offering_key, p.market) for p in a.placements]
 
 

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from autoscaler.cli.simulate import command as simulate
 from autoscaler.errors import SpecError
 from autoscaler.policy import get_policy
-from research.tracegen import MULTI_ZONE, generate_trace, generate_trace_text
 from autoscaler.simulator.workload import (
     WorkloadError,
     read_workload,
@@ -20,6 +19,7 @@ from autoscaler.simulator.workload import (
 )
 from autoscaler.simulator.workload_models import MODELS
 from cost_models.scaling import DATA_DIR
+from research.tracegen import MULTI_ZONE, generate_trace, generate_trace_text
 
 WORKLOAD = DATA_DIR / "workloads" / "workload-1.csv"
 
@@ -64,7 +64,8 @@ def test_bad_workload_lines_name_the_problem(tmp_path: Path) -> None:
 def test_all_jobs_finish_and_on_demand_meets_every_deadline(tmp_path: Path) -> None:
     trace = generate_trace(MULTI_ZONE, hours=24 * 4, seed=4)
     jobs = read_workload(_small(tmp_path))
-    res = {p: simulate_workload(trace, jobs, get_policy(p), restart_overhead_s=120) for p in ("on-demand", "greedy-spot", "spotrain")}
+    res = {p: simulate_workload(trace, jobs, get_policy(p), restart_overhead_s=120)
+           for p in ("on-demand", "greedy-spot", "spotrain")}
     for p, r in res.items():
         assert r["finished"] == r["jobs"] == 5, p
         assert r["avg_jct_hours"] > 0 and r["cost_usd"] <= r["on_demand_cost_usd"] + 1e-6
@@ -108,7 +109,8 @@ def test_jobs_share_spot_room(tmp_path: Path) -> None:
 def test_cli_workload_json(tmp_path: Path) -> None:
     (tmp_path / "trace.csv").write_text(generate_trace_text(MULTI_ZONE, hours=24 * 3, seed=6))
     w = _small(tmp_path)
-    r = CliRunner().invoke(simulate, ["--workload", str(w), "--trace", str(tmp_path / "trace.csv"), "--policy", "spotrain", "--json"])
+    r = CliRunner().invoke(simulate, ["--workload", str(w), "--trace", str(tmp_path / "trace.csv"), "--policy", "spotrain",
+                                      "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output.strip().splitlines()[-1])
     assert {"avg_jct_hours", "cost_usd", "deadline_misses", "jobs", "per_job"} <= set(out)

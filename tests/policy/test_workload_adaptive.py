@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from autoscaler.policy import get_policy
-from research.tracegen import MULTI_ZONE, generate_trace
 from autoscaler.simulator.workload import (
     adaptive_work_gpu_seconds,
     read_workload,
@@ -23,6 +22,7 @@ from autoscaler.simulator.workload import (
     workload_world,
 )
 from cost_models.scaling import pollux_model
+from research.tracegen import MULTI_ZONE, generate_trace
 
 ROWS = ["name,time,application,num_replicas,batch_size", "cifar10-0,0,cifar10,4,128", "ncf-1,60,ncf,2,256",
         "bert-2,300,bert,2,12"]

@@ -44,7 +44,8 @@ def _raw(model: str) -> tuple[dict[int, list[dict[str, str]]], list[dict[str, st
     folder = DATA_DIR / model
     val = {int(re.fullmatch(r"validation-(\d+)\.csv", p.name)[1]): list(csv.DictReader(p.open()))  # type: ignore[index]
            for p in folder.glob("validation-*.csv")}
-    prof = [r for f in ("scalability.csv", "placements.csv") if (folder / f).is_file() for r in csv.DictReader((folder / f).open())]
+    prof = [r for f in ("scalability.csv", "placements.csv") if (folder / f).is_file()
+            for r in csv.DictReader((folder / f).open())]
     return val, prof
 
 
@@ -62,7 +63,8 @@ def test_deepspeech2_progress_counts_iterations_at_batch_20() -> None:
     assert model_stats("deepspeech2").initial_batch == 20
     for m in (160, 640):
         rows = val[m][-20:]
-        gain = (float(rows[-1]["progress"]) - float(rows[0]["progress"])) / (int(rows[-1]["iteration"]) - int(rows[0]["iteration"]))
+        progress = float(rows[-1]["progress"]) - float(rows[0]["progress"])
+        gain = progress / (int(rows[-1]["iteration"]) - int(rows[0]["iteration"]))
         assert gain == pytest.approx(m / 20, rel=0.06), m  # (at M0 = 160 it would be 1 and 4)
     for model in ("cifar10", "bert", "imagenet", "ncf", "yolov3"):  # progress == iterations at the smallest batch
         m0 = min(_raw(model)[0])
@@ -144,5 +146,6 @@ def test_tuned_runs_keep_the_users_deadline(workload: Path) -> None:
         assert t.deadline_s == f.deadline_s and t.deadline_s is not None
         assert (t.ran.replicas, t.ran.batch_size) == (c.gpus, c.batch_size)
         assert t.spec.workers.max == c.gpus and t.spec.workers.min == 1
-        assert t.spec.training.batch_policy == "fixed" and t.spec.training.global_batch_size == c.batch_size - c.batch_size % c.gpus
+        assert t.spec.training.batch_policy == "fixed"
+        assert t.spec.training.global_batch_size == c.batch_size - c.batch_size % c.gpus
         assert (f.ran.replicas, f.ran.batch_size) == (f.job.replicas, f.job.batch_size)

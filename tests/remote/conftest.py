@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from remote_support import JOB, FakeChannel, FakeClock
 
 from autoscaler.state import InstanceRow, Job, Store
+from remote_support import JOB, FakeChannel, FakeClock
 
 
 @pytest.fixture

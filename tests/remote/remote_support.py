@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cloud_providers.launch import WorkerLaunch
 from cloud_providers.remote.agent import Agent, ControllerUnreachable, InstanceGone
 from cloud_providers.remote.config import AgentConfig
-from cloud_providers.launch import WorkerLaunch
 from cloud_providers.remote.wire import Assignment, Report
 
 JOB = "job-1"

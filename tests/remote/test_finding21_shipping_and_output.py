@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from remote_support import JOB, FakeClock
-from support import agent_signer
 
 import autoscaler.workdir as workdir_module
 from autoscaler.home import logs_dir
@@ -22,6 +20,8 @@ from autoscaler.state import Store
 from cloud_providers.executor import WorkerLaunch
 from cloud_providers.protocol import ENV_CHECKPOINT_URI
 from cloud_providers.remote.wire import MAX_OUTPUT_CHUNK, OUTPUT_PATH
+from remote_support import JOB, FakeClock
+from support import agent_signer
 
 TOKEN = "agent-token-for-tests"
 ENV_JOB_LOG_MAX_MB = "SPOTRAIN_JOB_LOG_MAX_MB"

@@ -13,10 +13,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from remote_support import FakeChannel, agent_config, drive, rank_assignment
 
-from autoscaler.state import Store
 from autoscaler.errors import SpecError
+from autoscaler.state import Store
 from autoscaler.workdir import IGNORE_FILE, build_archive, ignored, parse_ignore, ship
 from cloud_providers.agent_boot import AgentInstall, installed_version
 from cloud_providers.aws.userdata import AgentBoot as AwsBoot
@@ -27,6 +26,7 @@ from cloud_providers.remote.agent import Agent, ControllerChannel, ControllerUnr
 from cloud_providers.remote.tls import pinned_context
 from cloud_providers.remote.wire import STATE_EXITED
 from cloud_providers.remote.workdir import WorkdirRef
+from remote_support import FakeChannel, agent_config, drive, rank_assignment
 
 TOKEN = "agent-token-for-tests"
 

@@ -14,13 +14,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from remote_support import JOB, FakeClock, agent_config, drive
 
 from autoscaler.remote_executor import RemoteExecutor, agent_credential, decision_of, ensure_agent_token
 from autoscaler.state import Store
 from cloud_providers.executor import GangState, WorkerLaunch
 from cloud_providers.remote.agent import Agent, ControllerChannel
 from cloud_providers.remote.wire import REPORT_PATH, Report
+from remote_support import JOB, FakeClock, agent_config, drive
 
 TOKEN = "agent-token-for-tests"
 

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from remote_support import FakeChannel, agent_config, drive, rank_assignment
-from fakes.imds import FakeMetadataServer
 
 from cloud_providers.remote import agent as agent_module
 from cloud_providers.remote.agent import Agent
 from cloud_providers.remote.config import AgentConfig
 from cloud_providers.remote.wire import STATE_EXITED, STATE_RUNNING, STATE_STOPPED
+from fakes.imds import FakeMetadataServer
+from remote_support import FakeChannel, agent_config, drive, rank_assignment
 
 # A rank that waits for the notice file, writes progress as rank 0 does, and exits "reschedule me".
 WAIT_FOR_NOTICE = ('while [ ! -e "$SPOTRAIN_NOTICE_FILE" ]; do sleep 0.02; done; '

@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from remote_support import JOB, FakeClock, agent_config, drive
-from support import agent_signer
 
 from autoscaler.remote_executor import (
     AgentGatedProvider,
@@ -28,6 +26,8 @@ from cloud_providers.errors import ProviderError
 from cloud_providers.executor import GangState, WorkerLaunch
 from cloud_providers.remote.agent import Agent, ControllerChannel
 from cloud_providers.remote.wire import STATE_EXITED, Report
+from remote_support import JOB, FakeClock, agent_config, drive
+from support import agent_signer
 
 TOKEN = "agent-token-for-tests"
 

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from remote_support import JOB, FakeClock, agent_config, drive
-from support import agent_signer
 
 from autoscaler.logs import read_output
 from autoscaler.remote_executor import RemoteExecutor, agent_credential
@@ -19,6 +17,8 @@ from autoscaler.state import Store
 from cloud_providers.executor import GangState, WorkerLaunch
 from cloud_providers.remote.agent import Agent, ControllerChannel
 from cloud_providers.remote.wire import MAX_OUTPUT_CHUNK, OUTPUT_PATH, OutputChunk, WireError
+from remote_support import JOB, FakeClock, agent_config, drive
+from support import agent_signer
 
 TOKEN = "agent-token-for-tests"
 

@@ -155,7 +155,8 @@ def test_s3_store_round_trip_fallback_and_pruning(monkeypatch: pytest.MonkeyPatc
         assert torch.equal(st_load(body)["w"], torch.ones(3))
 
 
-def test_a_failing_prune_or_an_earlier_failed_persist_does_not_lose_the_next_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_prune_or_an_earlier_failed_persist_does_not_lose_the_next_checkpoint(tmp_path: Path,
+                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Pruning runs after the durable point and only logs its failures; a periodic persist that
     failed is superseded by the next snapshot (say, the notice's) instead of blocking it."""
     from runtime.errors import StoreError

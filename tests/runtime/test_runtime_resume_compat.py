@@ -13,7 +13,8 @@ from runtime.trainer import ElasticTrainer
 
 def _trainer(determinism: str, logical_workers: int = 4, seed: int = 0) -> tuple[types.SimpleNamespace, list[str]]:
     said: list[str] = []
-    stub = types.SimpleNamespace(training=types.SimpleNamespace(logical_workers=logical_workers, seed=seed, determinism=determinism),
+    stub = types.SimpleNamespace(training=types.SimpleNamespace(logical_workers=logical_workers, seed=seed,
+                                                                determinism=determinism),
                                  _say=said.append)
     return stub, said
 
