@@ -41,7 +41,7 @@ def resume_job(ctl: Controller, ref: str) -> dict[str, Any]:
         ckpt, total = old.last_checkpoint_step, old.total_steps
     # Under the controller's lock: no tick may start the new job's workers before they are told
     # where the checkpoints are.
-    with ctl._lock:  # noqa: SLF001 - the controller's own lock, reentrant
+    with ctl.exclusive():
         new = ctl.submit(spec, workdir)
         with store.session() as s:
             job = s.get(Job, new["job_id"])

@@ -315,3 +315,85 @@ def test_every_installed_module_is_used_by_the_product() -> None:
             reached.add(module)
             stack.extend(graph[module])
     assert sorted(set(modules) - reached) == []
+
+
+# --- the controller's state is its own (issue 22) ------------------------------------------------------------
+
+# Names that hold a Controller or its Context outside the controller package.
+CONTROLLER_NAMES = {"ctl", "controller", "ctx"}
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """``a.b.c`` -> ["a", "b", "c"] (a call or subscript in the chain ends it: ``f().x`` -> ["x"])."""
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        names.append(node.id)
+    return names[::-1]
+
+
+def private_controller_access(tree: ast.AST) -> list[tuple[int, str]]:
+    """Reads or writes of a private attribute (``_x``) of a Controller or its Context: through a name
+    or attribute called ``ctl``/``controller``/``ctx``, and any ``._lock`` but ``self._lock``."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = _chain(node.value)
+        if (owner and owner[-1] in CONTROLLER_NAMES) or (node.attr == "_lock" and owner != ["self"]):
+            found.append((node.lineno, ".".join([*owner, node.attr])))
+    return sorted(found)
+
+
+def state_set_after_construction(tree: ast.AST) -> list[tuple[int, str]]:
+    """Attribute assignments into a controller or its context (``x.controller.ctx.y = ...``, or
+    through a name bound to one: ``ctx = self.controller.ctx; ctx.y = ...``) and calls of its
+    market watch (``ctx.market.seed(...)``): configuring it after ``Controller(...)`` was built."""
+    aliases = set(CONTROLLER_NAMES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _chain(node.value)[-1:] in (["ctx"], ["controller"]):
+            aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = _chain(node.func.value)
+            if len(owner) >= 2 and owner[-2] in aliases and owner[-1] == "market":
+                found.append((node.lineno, ".".join([*owner, node.func.attr]) + "()"))
+        for target in targets:
+            if isinstance(target, ast.Attribute) and set(_chain(target.value)) & aliases:
+                found.append((target.lineno, ".".join(_chain(target))))
+    return sorted(found)
+
+
+def test_the_access_checks_catch_the_old_code() -> None:
+    """The two scans find what the CLI, ``resume.py`` and the simulator did before issue 22."""
+    old = ast.parse("with ctl._lock, ctl.store.session() as s:\n    pass\n"
+                    "with self.controller._lock:\n    pass\n"
+                    "x = ctl.ctx._specs\n"
+                    "with self._lock:\n    pass\n")
+    assert private_controller_access(old) == [(1, "ctl._lock"), (3, "self.controller._lock"), (5, "ctl.ctx._specs")]
+    world = ast.parse("ctx = self.controller.ctx\nctx.logs_dir = f\nctx.market.seed(w)\n"
+                      "self.controller.ctx.tick_s = 2\nself.controller = Controller()\nn = self.controller.ctx.next_wake_s\n")
+    assert state_set_after_construction(world) == [(2, "ctx.logs_dir"), (3, "ctx.market.seed()"),
+                                                   (4, "self.controller.ctx.tick_s")]
+
+
+def test_no_private_controller_access_outside_the_controller() -> None:
+    """The CLI and ``resume`` use the controller's public operations (``exclusive``,
+    ``observe_abandoned``), not its lock or its gang functions (issue 22)."""
+    bad = [f"{f.relative_to(REPO)}:{line}: {what}" for package in sorted(OURS) for f in sorted((REPO / package).rglob("*.py"))
+           if not f.is_relative_to(REPO / "autoscaler" / "controller")
+           for line, what in private_controller_access(ast.parse(f.read_text(), filename=str(f)))]
+    assert not bad, bad
+
+
+def test_the_simulator_configures_the_controller_at_construction() -> None:
+    """The simulator's hooks go to ``Controller(hooks=...)``; it sets nothing of the controller's after."""
+    bad = [f"{f.relative_to(REPO)}:{line}: {what}" for f in sorted((REPO / "autoscaler" / "simulator").rglob("*.py"))
+           for line, what in state_set_after_construction(ast.parse(f.read_text(), filename=str(f)))]
+    assert not bad, bad

@@ -304,40 +304,9 @@ def reap_abandoned_runs(store: Any) -> list[str]:
         setup = local_cloud(cid)
         ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                          controller_id=cid, tick_s=1.0, clock_rate=setup.clock_rate)
-        why = _what_happened(ctl, job_id)
+        why = ctl.observe_abandoned(job_id)  # a gang that finished meanwhile ends the job as it ended
         if why is not None:
             ctl.fail_abandoned(job_id, why)
         reaped.append(job_id)
     return reaped
 
-
-def _what_happened(ctl: Any, job_id: str) -> str | None:
-    """Look at an abandoned job's workers once, as its controller would have: a gang that finished
-    meanwhile ends the job as it ended (succeeded, or failed with its exit codes); otherwise the
-    reason to fail it with, saying whether workers were still running (and are now stopped)."""
-    from cloud_providers.executor import GangState
-
-    from ..controller.gangs import observe_gang
-    from ..domain import JobState
-    from ..state import Job
-
-    with ctl._lock, ctl.store.session() as s:  # noqa: SLF001 - the controller's own lock
-        job = s.get(Job, job_id)
-        if job is None:
-            return None
-        rows = ctl.store.instances(s, job_id, alive_only=True)
-        gang = [r for r in rows if job.gang_attempt and r.attempt == job.gang_attempt]
-        states = [ctl.executor.status(r.instance_id, job.gang_attempt).state for r in gang]
-        observe_gang(ctl.ctx, s, job, ctl.store.instances(s, job_id))
-        if JobState(job.state).terminal:
-            ctl.ctx.note(s, job, "owner-gone", f"the spotrain run that owned this job was killed; its workers had "
-                                               f"ended on their own: {job.state}")
-            return None
-        at = f"step {job.step}" + (f"/{job.total_steps}" if job.total_steps else "")
-        if any(st is GangState.RUNNING for st in states):
-            workers = "its workers were still running and have been stopped"
-        elif states:
-            workers = "its workers had already exited"
-        else:
-            workers = "no workers were running"
-        return f"the spotrain run that owned this job was killed (at {at}); {workers}"

@@ -12,9 +12,10 @@
 
 from __future__ import annotations
 
-from .context import Context, Timings, gpus_of
+from .context import Context, Hooks, Timings, gpus_of
 from .faults import FAULT_CRASH_AFTER_LAUNCH_ENV, FAULT_EXIT_CODE
 from .service import Controller
 from .views import job_summary
 
-__all__ = ["Controller", "Context", "Timings", "gpus_of", "job_summary", "FAULT_CRASH_AFTER_LAUNCH_ENV", "FAULT_EXIT_CODE"]
+__all__ = ["Controller", "Context", "Hooks", "Timings", "gpus_of", "job_summary", "FAULT_CRASH_AFTER_LAUNCH_ENV",
+           "FAULT_EXIT_CODE"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -22,7 +22,7 @@ from cost_models.scaling import Scaling
 
 from ..domain import JobState
 from ..home import logs_dir
-from ..market_watch import MarketWatcher
+from ..market_watch import MarketWatcher, Watch
 from ..policy import Policy
 from ..scaling import measured_scaling
 from ..spec import JobSpec, spec_from_dict
@@ -104,6 +104,22 @@ def gpus_of(offering_key: str) -> int:
         return 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """What the simulator changes about a controller, given to ``Controller(hooks=...)`` at its
+    construction (nothing outside the controller sets its state afterwards). None/empty: the service's
+    own behaviour."""
+
+    # Where a job's worker logs go (the simulator's workers write none).
+    logs_dir: Callable[[str], Path] | None = None
+    # The job's throughput model (job_id, spec): the simulator's is the one its workers run at.
+    scaling_of: Callable[[str, JobSpec], Scaling | None] | None = None
+    # Offerings whose every price change wakes the controller (``Context.prices_seen_on_change``).
+    prices_seen_on_change: frozenset[str] = frozenset()
+    # What watching the market showed before the controller started (``MarketWatcher.seed``).
+    market_seed: Mapping[str, Watch] | None = None
+
+
 @dataclasses.dataclass
 class Context:
     store: Store
@@ -168,7 +184,7 @@ class Context:
         """The same collaborators, none of the in-memory state: what a controller taking over its
         fleet's lease starts from (another controller acted meanwhile)."""
         keep = ("store", "provider", "executor", "policy", "controller_id", "clock", "tick_s", "clock_rate",
-                "timings", "logs_dir", "scaling_of", "leading")
+                "timings", "logs_dir", "scaling_of", "prices_seen_on_change", "leading")
         return Context(**{name: getattr(self, name) for name in keep})
 
     def now(self) -> float:

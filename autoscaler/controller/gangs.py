@@ -93,6 +93,28 @@ def _infra_lost(gang: list[InstanceRow]) -> bool:
     return any(r.state in (InstanceState.NOTICE.value, InstanceState.TERMINATED.value) for r in gang)
 
 
+def observe_abandoned(ctx: Context, s: Session, job: Job) -> str | None:
+    """Look at the workers of a job whose owner (a ``spotrain run``) was killed once: a gang that
+    finished meanwhile ends the job as it ended (succeeded, or failed with its exit codes) and None is
+    returned; otherwise the reason to fail it with, saying whether workers were still running."""
+    rows = ctx.store.instances(s, job.job_id, alive_only=True)
+    gang = [r for r in rows if job.gang_attempt and r.attempt == job.gang_attempt]
+    states = [ctx.executor.status(r.instance_id, job.gang_attempt).state for r in gang]
+    observe_gang(ctx, s, job, ctx.store.instances(s, job.job_id))
+    if JobState(job.state).terminal:
+        ctx.note(s, job, "owner-gone", f"the spotrain run that owned this job was killed; its workers had "
+                                       f"ended on their own: {job.state}")
+        return None
+    at = f"step {job.step}" + (f"/{job.total_steps}" if job.total_steps else "")
+    if any(st is GangState.RUNNING for st in states):
+        workers = "its workers were still running and have been stopped"
+    elif states:
+        workers = "its workers had already exited"
+    else:
+        workers = "no workers were running"
+    return f"the spotrain run that owned this job was killed (at {at}); {workers}"
+
+
 def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) -> None:
     """Read the job's progress and its gang's exit codes, and end, fail or succeed the gang."""
     prog = ctx.progress(job.job_id)

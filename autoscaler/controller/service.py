@@ -14,7 +14,7 @@ import logging
 import secrets
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,8 @@ from ..spec import JobSpec
 from ..state import Job, Store
 from ..state.lease import LeaderLease
 from . import reconcile
-from .context import Context, Timings
+from .context import Context, Hooks, Timings
+from .gangs import observe_abandoned
 from .launches import end_job
 from .recovery import recover
 from .views import job_summary
@@ -59,6 +60,7 @@ class Controller:
         strict: bool = False,
         lease: LeaderLease | None = None,
         on_lead: Callable[[], tuple[Provider, Executor]] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         """``clock_rate``: provider-clock seconds per controller-clock second (the local cloud's time
         scale). ``clock``: where the controller reads time (virtual in the simulator). ``strict``: a
@@ -66,9 +68,17 @@ class Controller:
         ride out). ``lease``: the fleet's leader lease (``state/lease.py``): the service ticks only
         while it holds it and is a standby otherwise; None: it always leads. ``on_lead``: the provider
         and executor to act with from a takeover on (rebuilt: a local cloud's state is read at start,
-        and the leader changed it since)."""
+        and the leader changed it since). ``hooks``: the simulator's changes (``Hooks``)."""
+        hooks = hooks or Hooks()
         self.ctx = Context(store=store, provider=provider, executor=executor, policy=policy, controller_id=controller_id,
-                           clock=clock, tick_s=tick_s, clock_rate=clock_rate, timings=timings or Timings())
+                           clock=clock, tick_s=tick_s, clock_rate=clock_rate, timings=timings or Timings(),
+                           prices_seen_on_change=hooks.prices_seen_on_change)
+        if hooks.logs_dir is not None:
+            self.ctx.logs_dir = hooks.logs_dir
+        if hooks.scaling_of is not None:
+            self.ctx.scaling_of = hooks.scaling_of
+        if hooks.market_seed is not None:
+            self.ctx.market.seed(hooks.market_seed)
         self._lock = threading.RLock()
         self._scheduler: Any = None
         self.last_tick_error: str | None = None
@@ -248,6 +258,20 @@ class Controller:
         """End a live job of this controller as FAILED, releasing everything it holds: for jobs whose
         owner is gone for good (an embedded ``spotrain run`` that was killed)."""
         return self._end(ref, JobState.FAILED, why, own_only=False)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the controller's lock (reentrant): no tick or other operation runs until the block
+        ends (``resume``: a new job's workers must not start before it is told its checkpoints)."""
+        with self._lock:
+            yield
+
+    def observe_abandoned(self, ref: str) -> str | None:
+        """Look at the gang of a job whose ``spotrain run`` was killed once, as its controller would
+        have (``gangs.observe_abandoned``): None when the gang had ended the job, else why to fail it."""
+        with self._lock, self.ctx.store.session() as s:
+            job = s.get(Job, ref)
+            return None if job is None else observe_abandoned(self.ctx, s, job)
 
     def job_info(self, ref: str) -> dict[str, Any]:
         ctx = self.ctx

@@ -25,7 +25,7 @@ from cloud_providers.local.market import MarketTrace
 from cloud_providers.local.provider import LocalProvider
 from cost_models.scaling import Scaling
 
-from ..controller import Controller, Timings
+from ..controller import Controller, Hooks, Timings
 from ..controller.budget import guard_due_s
 from ..domain import JobState
 from ..policy import Policy
@@ -85,18 +85,17 @@ class World:
                                       min_notice_real_s=0.0, clock=self.clock.now, on_terminate=self.executor.stop,
                                       min_billed_s=min_billed_s)
         self.store = Store("sqlite://")
-        self.controller = Controller(store=self.store, provider=self.provider, executor=self.executor, policy=policy,
-                                     controller_id="sim", tick_s=grid_s, clock_rate=1.0, clock=self.clock,
-                                     timings=timings, strict=True)
         self._scaling: dict[str, Scaling] = {}
-        ctx = self.controller.ctx
-        ctx.logs_dir = lambda job_id: Path("simulated") / job_id
-        ctx.scaling_of = lambda job_id, spec: self._scaling.get(job_id)
         keys = list(watch_keys) if watch_keys is not None else None
         self._change_times = _change_times(trace, keys)
-        ctx.prices_seen_on_change = frozenset(keys if keys is not None else trace.keys)  # each change wakes it
         watch = market_watch or MarketWatch(trace, keys if keys is not None else trace.keys)
-        ctx.market.seed(watch.watches_at(start_s))
+        hooks = Hooks(logs_dir=lambda job_id: Path("simulated") / job_id,
+                      scaling_of=lambda job_id, spec: self._scaling.get(job_id),
+                      prices_seen_on_change=frozenset(keys if keys is not None else trace.keys),  # each change wakes it
+                      market_seed=watch.watches_at(start_s))
+        self.controller = Controller(store=self.store, provider=self.provider, executor=self.executor, policy=policy,
+                                     controller_id="sim", tick_s=grid_s, clock_rate=1.0, clock=self.clock,
+                                     timings=timings, strict=True, hooks=hooks)
         self._finished: dict[str, float] = {}
         self._live: set[str] = set()
 
