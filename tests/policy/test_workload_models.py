@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from autoscaler.policy import get_policy
-from autoscaler.simulator.tracegen import MULTI_ZONE, generate_trace
 from autoscaler.simulator.workload import read_workload, workload_world
 from autoscaler.simulator.workload_models import (
     MODELS,
@@ -31,6 +30,7 @@ from autoscaler.simulator.workload_models import (
     tuned_config,
 )
 from cost_models.scaling import DATA_DIR
+from research.tracegen import MULTI_ZONE, generate_trace
 
 TRACE = generate_trace(MULTI_ZONE, hours=24 * 2, seed=4)
 # One job of each of Pollux's six applications, at the configurations its workloads ask for.
