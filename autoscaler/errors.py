@@ -8,22 +8,22 @@
     ├── DomainError             (an operation refused for a reason of the domain; nothing in it knows HTTP)
     │   ├── JobNotFound         (no job with that id or name)
     │   ├── Conflict            (the request contradicts the state: the operation cannot be done now)
-    │   │   ├── JobNameTaken    (domain.py: a live job already has the name)
-    │   │   ├── NotOwner        (domain.py: the job belongs to another controller)
-    │   │   └── NotResumable    (resume.py: the job is live, or it succeeded: nothing to resume)
-    │   └── IllegalTransition   (domain.py: a move the lifecycle table forbids; a bug, not the user's doing)
-    ├── AgentLookupError        (remote_executor.py: an agent's credential maps to no usable instance)
+    │   │   ├── JobNameTaken    (jobs/domain.py: a live job already has the name)
+    │   │   ├── NotOwner        (jobs/domain.py: the job belongs to another controller)
+    │   │   └── NotResumable    (server/resume.py: the job is live, or it succeeded: nothing to resume)
+    │   └── IllegalTransition   (jobs/domain.py: a move the lifecycle table forbids; a bug, not the user's doing)
+    ├── AgentLookupError        (remote/executor.py: an agent's credential maps to no usable instance)
     │   ├── InstanceNotYetKnown (not recorded yet: the agent retries)
     │   ├── InstanceTerminated  (terminated for good: the agent stops)
     │   └── WrongInstance       (the agent claims another instance than its decision launched)
-    ├── BudgetExceeded          (globmatch.py: a workdir's ignore patterns used up their matching steps)
+    ├── BudgetExceeded          (jobs/globmatch.py: a workdir's ignore patterns used up their matching steps)
     ├── SecretError             (home.py: the API token or another secret file is empty or unreadable)
     ├── SchemaTooNew            (state/migrate.py: the database was migrated by a newer spotrain)
     ├── PlanTooLarge            (simulator/omniscient.py: the offline problem is too large; also a ValueError)
     └── ApiError                (any other refusal from the controller, with its HTTP status)
 
-HTTP lives only at the edges: the API (``api.py``, ``api_agents.py``) maps each type to a status and
-an ``ErrorBody`` (``schemas.py``) naming the type; the client (``client.py``) maps that body back to
+HTTP lives only at the edges: the API (``server/api.py``, ``remote/endpoints.py``) maps each type to a status and
+an ``ErrorBody`` (``server/schemas.py``) naming the type; the client (``client/http.py``) maps that body back to
 the same type, so a ``JobNameTaken`` raised in the controller is a ``JobNameTaken`` in the CLI.
 
 The CLI prints ``str(error)`` on one line and exits with the type's ``exit_code``; no traceback

@@ -72,11 +72,11 @@ def run_case(state_mb: float, *, steps: int, at_step: int, step_s: float, timeou
     os.environ["SPOTRAIN_HOME"] = str(home)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from autoscaler.clouds import local_cloud
     from autoscaler.controller import Controller
+    from autoscaler.fleet.clouds import local_cloud
     from autoscaler.home import db_url, localcloud_dir
+    from autoscaler.jobs.spec import load_spec
     from autoscaler.policy import get_policy
-    from autoscaler.spec import load_spec
     from autoscaler.state import Store
     from cloud_providers.local.scenario import parse_scenario
     from runtime.timeline import read_timeline

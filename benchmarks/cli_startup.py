@@ -37,11 +37,11 @@ def make_home(home: Path) -> str:
     """A SPOTRAIN_HOME with one cancelled job (written by a real controller); its id."""
     os.environ["SPOTRAIN_HOME"] = str(home)
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    from autoscaler.clouds import local_cloud
     from autoscaler.controller import Controller
+    from autoscaler.fleet.clouds import local_cloud
     from autoscaler.home import db_url
+    from autoscaler.jobs.spec import load_spec
     from autoscaler.policy import get_policy
-    from autoscaler.spec import load_spec
     from autoscaler.state import Store
 
     spec = home / "job.yaml"

@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoscaler.jobs.spec import spec_from_dict  # noqa: E402
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
 from autoscaler.simulator.jobs import run_controller  # noqa: E402
-from autoscaler.spec import spec_from_dict  # noqa: E402
 from research.tracegen import MULTI_NODE, MULTI_NODE_16, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
 
 TRACES = {"single-zone (seed 7)": (SINGLE_ZONE, 7), "4 zones (seed 8)": (MULTI_ZONE, 8),

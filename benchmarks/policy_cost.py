@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoscaler.jobs.spec import spec_from_dict  # noqa: E402
 from autoscaler.simulator import Simulation, make_sim_job, run_named  # noqa: E402
-from autoscaler.spec import spec_from_dict  # noqa: E402
 from research.tracegen import MULTI_NODE, MULTI_NODE_16, MULTI_ZONE, SINGLE_ZONE, generate_trace  # noqa: E402
 
 POLICIES = ("on-demand", "greedy-spot", "uniform-progress", "omniscient", "spotrain")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoscaler.jobs.spec import spec_from_dict  # noqa: E402
 from autoscaler.policy import JobView, MarketHistory, PolicyInput  # noqa: E402
 from autoscaler.policy.spotrain import SpotrainPolicy  # noqa: E402
-from autoscaler.spec import spec_from_dict  # noqa: E402
 from cloud_providers.base import Offering  # noqa: E402
 
 

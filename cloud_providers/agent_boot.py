@@ -5,7 +5,7 @@ The agent is installed **pinned** to the controller's own spotrain version, from
 chooses (``AgentInstall``; ``spotrain controller start --agent-install``), never as a bare name:
 
 - ``served`` (the default; issue 21, finding 14): the controller's own spotrain, as a wheel it makes
-  from what it runs (``autoscaler/agent_wheel.py``) and serves on the agents' HTTPS listener
+  from what it runs (``autoscaler/remote/wheel.py``) and serves on the agents' HTTPS listener
   (``GET /v1/agent/wheel/<file>``); the agent config names the file and its sha256
   (``agent_wheel``, ``agent_wheel_sha256``). The boot fetches it with Python's standard library over
   TLS pinned to the controller's certificate (``FETCH_WHEEL``), refuses it unless its sha256 is the
@@ -45,7 +45,7 @@ DEFAULT_INDEX_URL = "https://pypi.org/simple"
 INSTALL_KINDS = ("served", "index", "wheel", "image")
 # Where the user data writes the agent config on every cloud (``aws/userdata.py``, ``gcp/userdata.py``).
 CONFIG_PATH = "/etc/spotrain/agent.json"
-# Where the controller serves its wheel (``autoscaler/agent_server.py``), one file name after it.
+# Where the controller serves its wheel (``autoscaler/remote/listener.py``), one file name after it.
 WHEEL_PATH = "/v1/agent/wheel/"
 # Where a downloaded wheel is kept on the instance (root-only, beside the agent's state).
 WHEEL_DIR = "/var/lib/spotrain/wheel"

@@ -6,7 +6,7 @@ A duration is one or more ``<number><unit>`` parts, largest unit first, with opt
 is an error rather than 36 seconds, so a user who meant hours is told at once.
 
 It lives here, not in ``autoscaler/``, because ``cloud_providers`` may import nothing else of ours
-and the local cloud's scenarios use it too; the job spec (``autoscaler/spec.py``) imports it.
+and the local cloud's scenarios use it too; the job spec (``autoscaler/jobs/spec.py``) imports it.
 Errors are ``ValueError`` with a one-line message that does not name the field: callers prefix the
 field (pydantic does so for the spec, ``scenario.py`` for scenario events).
 """

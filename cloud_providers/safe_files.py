@@ -17,7 +17,7 @@ What is refused, each with one :class:`FileRefused` line naming the file:
   duplicate keys (which YAML's own loader silently resolves to the last);
 - JSON with the same bounds: duplicate keys, long integers, ``NaN``/``Infinity``, deep nesting.
 
-The job spec (``autoscaler/spec.py``) builds its reader on :class:`BoundedLoader` too, so every YAML the
+The job spec (``autoscaler/jobs/spec.py``) builds its reader on :class:`BoundedLoader` too, so every YAML the
 product reads has one set of bounds.
 """
 

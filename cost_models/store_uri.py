@@ -1,6 +1,6 @@
 """The one rule for checkpoint store URIs (``file:///abs``, ``s3://bucket/prefix``, ``gs://bucket/prefix``).
 
-The spec (``autoscaler/spec.py``, at submit) and the runtime (``runtime/store.py``, in every rank) both
+The spec (``autoscaler/jobs/spec.py``, at submit) and the runtime (``runtime/store.py``, in every rank) both
 call :func:`parse_store_uri`, so a URI that passes submit is one the workers can open (issue 21,
 finding 13: 22 of 37 odd URIs used to pass submit and fail later in a rank with a traceback). It lives
 here because it is pure string checking and ``cost_models`` is the one package both may import.

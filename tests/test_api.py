@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from autoscaler.api import create_app
-from autoscaler.client import Client
-from autoscaler.clouds import local_cloud
+from autoscaler.client.http import Client
 from autoscaler.controller import Controller, job_summary
-from autoscaler.domain import JobNameTaken, NotOwner
 from autoscaler.errors import AuthError, JobNotFound
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url
+from autoscaler.jobs.domain import JobNameTaken, NotOwner
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.schemas import JobSummary
-from autoscaler.spec import load_spec
+from autoscaler.server.api import create_app
+from autoscaler.server.schemas import JobSummary
 from autoscaler.state import Job, Store
 from support import write_pw_spec
 

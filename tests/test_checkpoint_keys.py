@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from autoscaler.jobs.spec import spec_from_dict
 from autoscaler.policy import CheapestPolicy
-from autoscaler.resume import resume_job
+from autoscaler.server.resume import resume_job
 from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
-from autoscaler.spec import spec_from_dict
 from autoscaler.state import Job
 from autoscaler.state.models import Event
 from cloud_providers.local.market import HEADER, MarketTrace

@@ -68,7 +68,7 @@ def test_bad_scenario_is_one_line(spotrain_home: Path, tmp_path: Path) -> None:
 
 
 def test_cli_never_imports_torch() -> None:
-    code = "import autoscaler.cli.main, autoscaler.controller, autoscaler.api, sys; assert 'torch' not in sys.modules"
+    code = "import autoscaler.cli.main, autoscaler.controller, autoscaler.server.api, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
     code = "import autoscaler.cli.main, sys; assert 'torch' not in sys.modules and 'fastapi' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -96,11 +96,11 @@ def test_bad_database_url_is_one_line(spotrain_home: Path, url: str) -> None:
 def test_status_and_logs_read_the_database_without_a_controller(spotrain_home: Path, tmp_path: Path) -> None:
     import json
 
-    from autoscaler.clouds import local_cloud
     from autoscaler.controller import Controller
+    from autoscaler.fleet.clouds import local_cloud
     from autoscaler.home import db_url
+    from autoscaler.jobs.spec import load_spec
     from autoscaler.policy import get_policy
-    from autoscaler.spec import load_spec
     from autoscaler.state import Store
     from support import write_pw_spec
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from autoscaler.cli.main import cli
 from autoscaler.cli.templates import FILES
 from autoscaler.errors import SpecError
-from autoscaler.spec import parse_spec_text
+from autoscaler.jobs.spec import parse_spec_text
 from support import REPO, run_cli
 
 BASE = "name: j\nrun: python train.py\nresources: {accelerators: [T4:1]}\n"

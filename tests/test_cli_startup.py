@@ -72,7 +72,7 @@ def test_status_logs_and_cancel_import_nothing_heavy(one_job: str, args: tuple[s
 def test_offline_status_matches_the_controllers_summary(one_job: str) -> None:
     """The sqlite3 reader and the SQLAlchemy store give the same JSON."""
     from autoscaler.cli.offline import offline_summaries
-    from autoscaler.summary import job_summary
+    from autoscaler.jobs.summary import job_summary
 
     store = Store(db_url())
     with store.session() as s:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.spec import load_spec
 from autoscaler.state import Decision, Store
 from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
 from cloud_providers.local.scenario import parse_scenario

@@ -20,12 +20,12 @@ import pytest
 from sqlalchemy import select
 
 from autoscaler.controller import Controller
-from autoscaler.domain import LIVE, TERMINAL, TRANSITIONS, IllegalTransition, JobState, check_transition
+from autoscaler.jobs.domain import LIVE, TERMINAL, TRANSITIONS, IllegalTransition, JobState, check_transition
+from autoscaler.jobs.spec import JobSpec, spec_from_dict
 from autoscaler.policy import CheapestPolicy, get_policy
 from autoscaler.simulator import world as world_module
 from autoscaler.simulator.executor import STEPS_PER_S, SimWorkload
 from autoscaler.simulator.world import World
-from autoscaler.spec import JobSpec, spec_from_dict
 from autoscaler.state import Decision, Event, Job, Store
 from cloud_providers.base import (
     ON_DEMAND,

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from autoscaler.api import create_app
-from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url, ensure_token
 from autoscaler.policy import get_policy
+from autoscaler.server.api import create_app
 from autoscaler.state import Store
 from support import run_cli
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.errors import SpecError
-from autoscaler.spec import parse_spec_text, spec_from_dict, spec_from_stored
+from autoscaler.jobs.spec import parse_spec_text, spec_from_dict, spec_from_stored
 from cloud_providers.durations import format_duration_s, parse_duration_s
 from cloud_providers.local.scenario import ScenarioError, parse_scenario
 

@@ -3,7 +3,7 @@ with ``IllegalTransition PENDING -> RECOVERING`` instead of the cause, never ret
 
 The real controller on the virtual clock (``World``: LocalProvider, SimulatedExecutor, SQLite), two
 jobs. Starting job A's workers first ships its workdir, as the remote executor does, with the real
-``autoscaler.workdir.ship`` into a ``file://`` store that refuses it (a regular file stands where its
+``autoscaler.jobs.workdir.ship`` into a ``file://`` store that refuses it (a regular file stands where its
 directory must be: the real ``ProviderError``), or into a store URI the product refuses (the real
 ``SpecError``). Job B must never notice; A's failure is classified, retried with back-off when
 transient, and A ends with its real cause when it cannot start.
@@ -16,7 +16,7 @@ from typing import Any
 
 from test_hardening import calm_world, one_line, sim_spec, sim_workload
 
-from autoscaler.workdir import ship
+from autoscaler.jobs.workdir import ship
 from cloud_providers.errors import CredentialsError, ProviderError, Throttled
 from cloud_providers.executor import WorkerLaunch
 from cloud_providers.remote.wire import WireError

@@ -20,13 +20,13 @@ import pytest
 
 from autoscaler.controller.fits import MAX_FITS_PER_TICK
 from autoscaler.controller.goodput import gang_directive, merge_profile, note_gang_batch, record_report, scaling_for
+from autoscaler.jobs.scaling import BatchConfig, GoodputScaling, batch_limits, measured_scaling
+from autoscaler.jobs.spec import JobSpec, spec_from_dict
+from autoscaler.jobs.summary import summary_dict
 from autoscaler.policy import Allocation, PolicyInput, get_policy
-from autoscaler.scaling import BatchConfig, GoodputScaling, batch_limits, measured_scaling
 from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
-from autoscaler.spec import JobSpec, spec_from_dict
 from autoscaler.state import Job
-from autoscaler.summary import summary_dict
 from cloud_providers.local.market import HEADER, MarketTrace
 from cost_models.goodput import ThroughputModel, ThroughputParams
 from cost_models.scaling import LinearScaling

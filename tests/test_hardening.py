@@ -19,18 +19,18 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from autoscaler.api import create_app
 from autoscaler.cli.main import main as cli_main
-from autoscaler.clouds import local_cloud
+from autoscaler.client.logs import job_logs
 from autoscaler.controller import Controller
 from autoscaler.errors import SpecError
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url, ensure_token, home, logs_dir
-from autoscaler.logs import job_logs
+from autoscaler.jobs.spec import load_spec, parse_spec_text, spec_from_dict
 from autoscaler.policy import CheapestPolicy, get_policy
-from autoscaler.remote_executor import RemoteExecutor, agent_credential
+from autoscaler.remote.executor import RemoteExecutor, agent_credential
+from autoscaler.server.api import create_app
 from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
-from autoscaler.spec import load_spec, parse_spec_text, spec_from_dict
 from autoscaler.state import InstanceRow, Job, Store
 from cloud_providers.local.market import HEADER, MarketTrace
 from cloud_providers.local.scenario import parse_scenario
@@ -39,7 +39,7 @@ from support import agent_signer, run_cli, write_pw_spec
 
 TOKEN = "hardening-token"
 AGENT_TOKEN = "hardening-agent-token"
-MAX_COMMAND_BYTES = 64 * 1024  # autoscaler.spec's limit on run and setup
+MAX_COMMAND_BYTES = 64 * 1024  # autoscaler.jobs.spec's limit on run and setup
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET"}
 # What a hostile (or buggy) rank 0 may write to its progress file: JSON as Python writes it.
 HOSTILE_PROGRESS = [

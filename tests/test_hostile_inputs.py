@@ -16,10 +16,10 @@ import pytest
 
 from autoscaler.cli.main import main as cli_main
 from autoscaler.errors import SpecError
+from autoscaler.jobs.scaling import spec_scaling
+from autoscaler.jobs.spec import load_spec, spec_from_dict
 from autoscaler.policy.params import load_params_file
-from autoscaler.scaling import spec_scaling
 from autoscaler.simulator.workload import WorkloadError, read_workload
-from autoscaler.spec import load_spec, spec_from_dict
 from cloud_providers.local import market
 from cloud_providers.local.market import HEADER, MarketTrace, TraceError
 from cloud_providers.local.scenario import ScenarioError, load_scenario
@@ -255,11 +255,11 @@ def test_finding13_the_submit_api_refuses_an_odd_store_with_422(spotrain_home: P
     """Through the HTTP API: 422 naming the field, and no job stored."""
     from fastapi.testclient import TestClient
 
-    from autoscaler.api import create_app
-    from autoscaler.clouds import local_cloud
     from autoscaler.controller import Controller
+    from autoscaler.fleet.clouds import local_cloud
     from autoscaler.home import db_url
     from autoscaler.policy import get_policy
+    from autoscaler.server.api import create_app
     from autoscaler.state import Store
 
     setup = local_cloud("uri-api")

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
 from autoscaler.errors import Conflict
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url as db_url_of_home
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.spec import load_spec
 from autoscaler.state import Decision, Job, Store
 from autoscaler.state.lease import Holder, LeaderLease, Seen, holder_gone, may_take, read_lease
 from cloud_providers.base import TAG_JOB

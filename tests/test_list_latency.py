@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event, insert
 from test_tick_cost import _spec, add_finished_jobs
 
-from autoscaler.api import create_app
-from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.policy import get_policy
+from autoscaler.server.api import create_app
 from autoscaler.state import Job, Store
 
 TOKEN = "list-token"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.market_watch import MarketWatcher
+from autoscaler.fleet.market_watch import MarketWatcher
 from autoscaler.policy import MarketHistory
 from cloud_providers.base import Offering
 

@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Connection
 
 from autoscaler.errors import SchemaTooNew
-from autoscaler.remote_executor import AgentTables
+from autoscaler.remote.executor import AgentTables
 from autoscaler.state import Store
 from autoscaler.state.migrate import AGENTS, BRANCHES, STATE, _config, branch_tables, scripts
 from autoscaler.state.models import AGENT_TABLE_NAMES, AgentSeq, Base, Job, ProgressSample

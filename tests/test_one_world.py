@@ -66,11 +66,11 @@ def launches(reasons: list[str]) -> list[tuple[str, str]]:
 
 def simulated_launches(spec_path: Path, *, tick_s: float, restart_overhead_s: float) -> tuple[list[tuple[str, str]], float, int]:
     """The controller on a virtual clock over the same trace: its launches, cost and preemptions."""
+    from autoscaler.jobs.spec import load_spec
     from autoscaler.policy import get_policy
     from autoscaler.simulator import make_sim_job
     from autoscaler.simulator.executor import SimWorkload
     from autoscaler.simulator.world import World
-    from autoscaler.spec import load_spec
     from cloud_providers.local.market import MarketTrace
 
     spec, _ = load_spec(spec_path)

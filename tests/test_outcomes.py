@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from autoscaler.cli import render
+from autoscaler.client.logs import job_logs
 from autoscaler.controller.outcomes import completion_recorded, traceback_tail, with_tail
-from autoscaler.logs import job_logs
+from autoscaler.jobs.spec import spec_from_dict
+from autoscaler.jobs.summary import split_reason
 from autoscaler.policy import CheapestPolicy
 from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
-from autoscaler.spec import spec_from_dict
-from autoscaler.summary import split_reason
 from cloud_providers import protocol
 from cloud_providers.executor import GangState, WorkerStatus
 from cloud_providers.local.market import HEADER, MarketTrace

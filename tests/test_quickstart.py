@@ -79,11 +79,11 @@ def test_bitwise_identical_through_preemptions_and_resizes(spotrain_home: Path) 
 def test_corrupt_newest_checkpoint_resumes_from_the_previous(spotrain_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A preempted job whose newest checkpoint got damaged (a flipped byte) resumes from the one
     before it and still finishes: the runtime verifies sha256 on load and falls back."""
-    from autoscaler.clouds import local_cloud
     from autoscaler.controller import Controller
+    from autoscaler.fleet.clouds import local_cloud
     from autoscaler.home import db_url
+    from autoscaler.jobs.spec import load_spec
     from autoscaler.policy import get_policy
-    from autoscaler.spec import load_spec
     from autoscaler.state import Store
     from cloud_providers.local.scenario import parse_scenario
 

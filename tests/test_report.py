@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.clouds import local_cloud
+from autoscaler.client.report import cumulative_cost, gather, gpus_by_market, render_png
 from autoscaler.controller import Controller
 from autoscaler.errors import JobNotFound
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.report import cumulative_cost, gather, gpus_by_market, render_png
-from autoscaler.spec import load_spec
 from autoscaler.state import Store
 from cloud_providers.local.scenario import parse_scenario
 from support import run_cli, write_pw_spec

@@ -23,10 +23,10 @@ import pytest
 from sqlalchemy import event, insert
 
 from autoscaler.controller import context as context_module
+from autoscaler.jobs.spec import JobSpec, spec_from_dict
 from autoscaler.policy import CheapestPolicy
 from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
-from autoscaler.spec import JobSpec, spec_from_dict
 from autoscaler.state import Decision, Event, InstanceRow, Job, Store
 from autoscaler.state.models import Base
 from cloud_providers.base import ON_DEMAND, SPOT

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from autoscaler.cli.main import main
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy.params import DEFAULT_PARAMS, TUNING_RANGES, PolicyParams, load_params_file
 from autoscaler.policy.spotrain import SpotrainPolicy
 from autoscaler.simulator import Simulation, make_sim_job
-from autoscaler.spec import load_spec
 from research.tracegen import MULTI_ZONE, generate_trace_text
 
 pytest.importorskip("optuna")

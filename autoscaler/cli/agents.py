@@ -2,7 +2,7 @@
 ``controller.py``: the agents' HTTPS listener and how instances install the agent.
 
 - ``--agent-host`` / ``--agent-port``: where the agents' endpoints listen, over TLS with the
-  controller's self-signed certificate (``autoscaler/agent_server.py``, ``autoscaler/tls.py``); default
+  controller's self-signed certificate (``autoscaler/remote/listener.py``, ``autoscaler/remote/tls.py``); default
   ``--host`` and ``--port`` + 1 (a free port with ``--port 0``).
 - ``--agent-install``: where the instances install the agent from, pinned to this controller's
   version: ``served`` (default: this controller's own wheel, hash-checked), ``index:URL``,
@@ -56,10 +56,10 @@ def agent_args() -> list[str]:
 
 
 def agent_listener(executor: str, *, host: str, port: int, advertise_url: str | None) -> tuple[Any, str | None]:
-    """(the agents' bound listener or None, the URL the agents are told): ``agent_server.py``."""
+    """(the agents' bound listener or None, the URL the agents are told): ``remote/listener.py``."""
     if executor != "remote":
         return None, advertise_url
-    from ..agent_server import agent_listener_for
+    from autoscaler.remote.listener import agent_listener_for
 
     o = _options()
     return agent_listener_for(executor, host=host, port=port, agent_host=o["host"], agent_port=o["port"],

@@ -3,7 +3,7 @@
 ``attach`` follows a job on whatever controller runs it (a service, or another terminal's
 ``spotrain run``) with the same live progress line as ``run``; Ctrl-C detaches and leaves the job
 running. ``resume`` asks the controller service to continue a cancelled or failed job from its last
-checkpoint (``autoscaler/resume.py``), starting one in the background on the local cloud if none runs.
+checkpoint (``autoscaler/server/resume.py``), starting one in the background on the local cloud if none runs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import click
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def attach_command(job_ref: str, as_json: bool, quiet: bool) -> None:
     """Follow JOB to its end with live progress; Ctrl-C detaches (the job keeps running)."""
-    from ..client import Client
+    from autoscaler.client.http import Client
+
     from . import render
     from .follow import Follower, HttpSource, follow
     from .progress import make_view
@@ -67,7 +68,8 @@ def resume_command(job_ref: str, then_attach: bool, as_json: bool) -> None:
 
     client = service_client()
     if client is None:
-        from ..client import Client
+        from autoscaler.client.http import Client
+
         from .controller import start_daemon
 
         url, log = start_daemon(["--cloud", "local", "--port", "0"])

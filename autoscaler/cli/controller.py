@@ -21,7 +21,7 @@ from .agents import agent_args, agent_cloud_args, agent_listener, agent_options,
 from .params import policy_params_option, read_policy_params
 
 if TYPE_CHECKING:  # the CLI imports the controller's modules lazily, per command
-    from ..clouds import CloudSetup
+    from autoscaler.fleet.clouds import CloudSetup
 
 
 @click.group("controller")
@@ -79,11 +79,12 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
                           "stop it with: spotrain controller stop")
     import uvicorn
 
-    from ..api import create_app
-    from ..clouds import make_cloud
+    from autoscaler.client.logs import install_controller_log
+    from autoscaler.fleet.clouds import make_cloud
+    from autoscaler.server.api import create_app
+
     from ..errors import SpotrainError
     from ..home import controller_file, db_url, ensure_token, write_controller_info
-    from ..logs import install_controller_log
     from ..state import Store
 
     install_controller_log()
@@ -291,7 +292,8 @@ def status_command(as_json: bool) -> None:
                                  "pid": info.get("pid") if info else None,
                                  "embedded": bool(info.get("embedded")) if info else False}
     if info is not None:
-        from ..client import Client
+        from autoscaler.client.http import Client
+
         from ..errors import ControllerUnreachable
 
         c = Client()

@@ -17,8 +17,9 @@ from typing import Any
 import click
 import numpy as np
 
+from autoscaler.jobs.spec import load_spec
+
 from ..simulator import make_sim_job
-from ..spec import load_spec
 from .params import NON_NEGATIVE, SEED, STARTS, policy_params_option, read_policy_params
 from .simulate import load_trace, random_starts, run_many
 

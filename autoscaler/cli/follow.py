@@ -56,7 +56,7 @@ class LocalSource:
             return list(self.ctl.store.events(s, self.job_id))
 
     def output(self, attempt: int, rank: int, offset: int) -> tuple[bytes, int]:
-        from ..logs import read_output
+        from autoscaler.client.logs import read_output
 
         return read_output(self.job_id, attempt=attempt, rank=rank, offset=offset)
 
@@ -114,7 +114,8 @@ def follow(follower: Follower, *, interval_s: float = 0.5, stop: Callable[[dict[
 def service_client() -> Any | None:
     """A client of the started controller service (not an embedded ``spotrain run``'s), or None when
     none answers."""
-    from ..client import Client
+    from autoscaler.client.http import Client
+
     from ..errors import ControllerUnreachable
     from ..home import read_controller_info
 
@@ -131,7 +132,7 @@ def service_client() -> Any | None:
 
 def any_client() -> Any:
     """A client of whatever controller is recorded (a service, or a running ``spotrain run``)."""
-    from ..client import Client
+    from autoscaler.client.http import Client
 
     return Client()
 

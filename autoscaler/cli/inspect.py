@@ -14,7 +14,7 @@ import click
 from ..errors import ControllerUnreachable
 
 if TYPE_CHECKING:
-    from ..schemas import JobSummary
+    from autoscaler.server.schemas import JobSummary
 
 
 def _controller_running() -> bool:
@@ -35,10 +35,11 @@ def _offline_jobs(job_ref: str | None, *, all_jobs: bool = False) -> Any:
     found = offline_summaries(db_url(), job_ref, recent_ended=recent)
     if found is not None:
         return found
+    from autoscaler.jobs.summary import job_summary
+    from autoscaler.server.listing import MAX_LIMIT, job_page
+
     from ..errors import JobNotFound
-    from ..listing import MAX_LIMIT, job_page
     from ..state import Store
-    from ..summary import job_summary
 
     store = Store(db_url())
     with store.session() as s:
@@ -75,7 +76,7 @@ def status_command(job_ref: str | None, as_json: bool, watch: bool, all_jobs: bo
     # The CLI renders, and --json prints, exactly the JSON the API sends.
     data: Any = None
     if _controller_running():
-        from ..client import Client
+        from autoscaler.client.http import Client
 
         try:
             c = Client()
@@ -108,7 +109,7 @@ def logs_command(job_ref: str, rank: int | None, follow: bool) -> None:
         return follow_logs(job_ref, rank)
     text = None
     if _controller_running():
-        from ..client import Client
+        from autoscaler.client.http import Client
 
         try:
             text = Client().logs(job_ref, rank=rank)
@@ -120,8 +121,9 @@ def logs_command(job_ref: str, rank: int | None, follow: bool) -> None:
 
         text = offline_logs(db_url(), job_ref, rank)
     if text is None:
+        from autoscaler.client.logs import job_logs
+
         from ..home import db_url
-        from ..logs import job_logs
         from ..state import Store
 
         text = job_logs(Store(db_url()), job_ref, rank=rank)

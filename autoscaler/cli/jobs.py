@@ -17,8 +17,9 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool, dr
 
         check_and_describe(spec_path, overrides, as_json, "valid; dry run, nothing submitted")
         return
-    from ..client import Client
-    from ..spec import load_spec
+    from autoscaler.client.http import Client
+    from autoscaler.jobs.spec import load_spec
+
     from . import render
 
     spec, workdir = load_spec(spec_path, overrides=overrides)
@@ -34,7 +35,7 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool, dr
 def cancel_command(job_ref: str) -> None:
     """Cancel JOB (id or name) and release its instances."""
     _require_controller()
-    from ..client import Client
+    from autoscaler.client.http import Client
 
     job = Client().cancel(job_ref)
     click.echo(f"{job.job_id}: {job.state.value}")

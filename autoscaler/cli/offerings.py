@@ -32,7 +32,7 @@ def _provider_offerings(cloud: str, trace_path: str | None) -> Sequence[Any]:
         return trace.offerings_at(0.0)
     if trace_path:
         raise click.BadParameter("--trace is for --cloud local", param_hint="--trace")
-    from ..clouds import _provider_factory
+    from autoscaler.fleet.clouds import _provider_factory
 
     try:
         provider = _provider_factory(cloud)(controller_id="spotrain-offerings")

@@ -113,7 +113,7 @@ def offline_summaries(url: str, job_ref: str | None, *, recent_ended: int | None
     path = sqlite_path(url)
     if path is None:
         return None
-    from ..summary import finite_json, summary_dict
+    from autoscaler.jobs.summary import finite_json, summary_dict
 
     db = OfflineDb(path)
     if job_ref is None:
@@ -129,7 +129,7 @@ def offline_logs(url: str, job_ref: str, rank: int | None) -> str | None:
     path = sqlite_path(url)
     if path is None:
         return None
-    from ..logs import render_logs
+    from autoscaler.client.logs import render_logs
 
     db = OfflineDb(path)
     j = db.job(job_ref)

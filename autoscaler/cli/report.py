@@ -1,4 +1,4 @@
-"""``spotrain report JOB``: the job's picture as a PNG (``autoscaler/report.py``).
+"""``spotrain report JOB``: the job's picture as a PNG (``autoscaler/client/report.py``).
 
 From the running controller when one answers (``GET /v1/jobs/JOB/report.png``), else drawn here from
 the database under SPOTRAIN_HOME (after ``spotrain run``). matplotlib is imported by this command
@@ -25,7 +25,7 @@ def report_command(job_ref: str, output: str | None) -> None:
     png: bytes | None = None
     job_id = job_ref
     if read_controller_info() is not None:
-        from ..client import Client
+        from autoscaler.client.http import Client
 
         try:
             c = Client()
@@ -34,8 +34,9 @@ def report_command(job_ref: str, output: str | None) -> None:
         except ControllerUnreachable:
             png = None
     if png is None:
+        from autoscaler.client.report import gather, render_png
+
         from ..home import db_url
-        from ..report import gather, render_png
         from ..state import Store
 
         data = gather(Store(db_url()), job_ref)

@@ -36,8 +36,9 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
                 detach: bool, policy_params: str | None) -> None:
     """Run SPEC to completion and print a summary: on the started controller when one runs (or, with
     --detach, on one started in the background), else on an embedded controller and the local cloud."""
+    from autoscaler.jobs.spec import load_spec
+
     from ..errors import SpecError
-    from ..spec import load_spec
     from .follow import service_client
 
     params = read_policy_params(policy_params)
@@ -69,7 +70,8 @@ def run_command(spec_path: str, scenario_path: str | None, overrides: tuple[str,
 
 def _start_local_service(policy_params: str | None = None) -> Any:
     """A controller service on the local cloud, started in the background for ``--detach``."""
-    from ..client import Client
+    from autoscaler.client.http import Client
+
     from .controller import start_daemon
 
     url, log = start_daemon(["--cloud", "local", "--port", "0",
@@ -113,8 +115,9 @@ def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any,
     store = Store(db_url())
     reap_abandoned_runs(store)
     ctl, setup = _embedded_controller(store, scenario, params)
+    from autoscaler.client.logs import install_controller_log
+
     from ..home import localcloud_dir
-    from ..logs import install_controller_log
 
     install_controller_log(path=localcloud_dir(ctl.controller_id) / "controller.log")
     _end_on_signals()
@@ -155,7 +158,8 @@ class _EmbeddedApi:
 
         import uvicorn
 
-        from ..api import create_app
+        from autoscaler.server.api import create_app
+
         from ..home import ensure_token, localcloud_dir, read_controller_info, write_controller_info
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -206,7 +210,8 @@ def _load_scenario(scenario_path: str | None) -> Any:
 def _embedded_controller(store: Any, scenario: Any, params: Any = None) -> tuple[Any, Any]:
     """A fresh local cloud (its owner file written) and a controller over it (the spotrain policy with
     ``params`` when given); neither started."""
-    from ..clouds import local_cloud
+    from autoscaler.fleet.clouds import local_cloud
+
     from ..controller import Controller
     from ..home import localcloud_dir
     from ..policy import get_policy
@@ -287,7 +292,8 @@ def reap_abandoned_runs(store: Any) -> list[str]:
     terminal): their embedded controller died with them, so nothing would ever release their workers,
     bill their last seconds or end them, and their names would stay taken. Each is re-opened on its
     own local cloud, its instances terminated (which stops its workers) and the job marked FAILED."""
-    from ..clouds import local_cloud
+    from autoscaler.fleet.clouds import local_cloud
+
     from ..controller import Controller
     from ..home import fleet_dir
     from ..policy import get_policy

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from autoscaler.jobs.spec import load_spec
 from cloud_providers.local.market import MarketTrace, TraceError
 
 from ..errors import SpecError
@@ -21,7 +22,6 @@ from ..simulator.jobs import restart_overhead_from_measurements, run_controller
 from ..simulator.omniscient import PlanTooLarge
 from ..simulator.workload import BATCH_POLICIES, DEFAULT_DEADLINE_FACTOR, WorkloadError, read_workload, simulate_workload
 from ..simulator.world import run_job
-from ..spec import load_spec
 from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat, policy_params_option, read_policy_params
 
 

@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from ..spec import MAX_COMMAND_BYTES, MAX_DEPTH, MAX_SPEC_BYTES, JobSpec
+from autoscaler.jobs.spec import MAX_COMMAND_BYTES, MAX_DEPTH, MAX_SPEC_BYTES, JobSpec
+
 from .start import human_duration
 from .templates import JOB_YAML
 
@@ -149,7 +150,7 @@ def render() -> str:
     lines = [
         "# Job spec reference (v1)",
         "",
-        "<!-- Generated from autoscaler/spec.py by `python -m autoscaler.cli.spec_doc > docs/spec.md`; do not edit. -->",
+        "<!-- Generated from autoscaler/jobs/spec.py by `python -m autoscaler.cli.spec_doc > docs/spec.md`; do not edit. -->",
         "",
         "A job is a YAML file (`spotrain validate SPEC` checks one without running it; `--set key.path=value` "
         "on any command overrides a field, the value read as YAML). `spotrain init` writes this one:",

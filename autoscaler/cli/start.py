@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from ..spec import JobSpec
+    from autoscaler.jobs.spec import JobSpec
 
 
 def _job_name(directory: Path) -> str:
@@ -29,7 +29,8 @@ def _job_name(directory: Path) -> str:
 @click.option("--force", is_flag=True, help="Overwrite job.yaml and train.py if they exist.")
 def init_command(directory: str, name: str | None, force: bool) -> None:
     """Write a job.yaml and a train.py skeleton into DIR (default: here) that run as they are."""
-    from ..spec import parse_spec_text
+    from autoscaler.jobs.spec import parse_spec_text
+
     from .templates import FILES
 
     target = Path(directory)
@@ -76,7 +77,8 @@ def describe(spec: JobSpec, workdir: Path) -> list[str]:
 
 
 def check_and_describe(spec_path: str, overrides: tuple[str, ...], as_json: bool, headline: str) -> None:
-    from ..spec import load_spec
+    from autoscaler.jobs.spec import load_spec
+
     from . import render
 
     spec, workdir = load_spec(spec_path, overrides=overrides)

@@ -27,11 +27,11 @@ from .params import NON_NEGATIVE, SEED, STARTS, FiniteFloat
 
 def _study_name(trace_path: str, job_path: str, overrides: tuple[str, ...], extra: dict[str, Any]) -> str:
     """One study per (trace, job, setup): the name hashes the files' contents and the options."""
+    from autoscaler.jobs.spec import MAX_SPEC_BYTES
     from cloud_providers.local.market import MAX_TRACE_BYTES
     from cloud_providers.safe_files import FileRefused, read_regular_file
 
     from ..errors import SpecError
-    from ..spec import MAX_SPEC_BYTES
 
     h = hashlib.sha256()
     for p, limit in ((trace_path, MAX_TRACE_BYTES), (job_path, MAX_SPEC_BYTES)):
@@ -84,13 +84,14 @@ def command(trace_path: str, job_path: str, trials: int, seed: int, starts: int,
 def _tune(trace_path: str, job_path: str, *, trials: int, seed: int, starts: int, test_starts: int,
           train_fraction: float, overhead_h: float | None, study_path: str | None, out_path: str,
           overrides: tuple[str, ...], progress: bool) -> dict[str, Any]:
+    from autoscaler.jobs.spec import load_spec
+
     from ..errors import SpecError
     from ..home import home, private_dir
     from ..policy.base import eligible_offerings
     from ..policy.params import DEFAULT_PARAMS, save_params_file
     from ..policy.tuning import score, split_windows, train_and_test_starts, tune
     from ..simulator import Simulation, make_sim_job
-    from ..spec import load_spec
     from .simulate import load_trace
 
     if not 0.0 < train_fraction < 1.0:

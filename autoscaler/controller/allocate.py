@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 
+from autoscaler.jobs.domain import JobState
 from cloud_providers.base import InstanceState, Offering
 
-from ..domain import JobState
 from ..policy import Allocation
 from ..state import InstanceRow, Job
 from .budget import end_over_budget, launch_over_budget

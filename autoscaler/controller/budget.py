@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
+from autoscaler.fleet import accounting
+from autoscaler.jobs.domain import JobState
 from cloud_providers.base import MIN_BILLED_S_ATTR, Offering
 
-from .. import accounting
-from ..domain import JobState
 from ..state import InstanceRow, Job
 from .context import Context
 from .launches import end_job

@@ -14,18 +14,18 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from autoscaler.fleet.market_watch import MarketWatcher, Watch
+from autoscaler.jobs.domain import JobState
+from autoscaler.jobs.scaling import measured_scaling
+from autoscaler.jobs.spec import JobSpec, spec_from_dict
 from cloud_providers.base import Provider
 from cloud_providers.clock import Clock
 from cloud_providers.executor import Executor
 from cloud_providers.protocol import ProgressRecord
 from cost_models.scaling import Scaling
 
-from ..domain import JobState
 from ..home import logs_dir
-from ..market_watch import MarketWatcher, Watch
 from ..policy import Policy
-from ..scaling import measured_scaling
-from ..spec import JobSpec, spec_from_dict
 from ..state import Job, Store
 from .fits import Fits
 from .start_failures import StartFailures

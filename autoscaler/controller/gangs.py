@@ -17,12 +17,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from autoscaler.jobs.domain import JobState
+from autoscaler.jobs.scaling import BatchConfig
 from cloud_providers import protocol
 from cloud_providers.base import InstanceState
 from cloud_providers.executor import GangState, WorkerLaunch
 
-from ..domain import JobState
-from ..scaling import BatchConfig
 from ..state import InstanceRow, Job
 from ..state.models import ProgressSample
 from . import outcomes, start_failures

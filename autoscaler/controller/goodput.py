@@ -5,7 +5,7 @@ trained at: nodes, replicas, per-GPU batch, accumulation steps, seconds per opti
 non-overlapped wait for gradient synchronisation) and its gradient statistics (``grad_sqr``,
 ``grad_var`` at the initial batch size). ``record_report`` keeps them on the job's row (``profile_json``,
 ``grad_sqr``, ``grad_var``: they survive a controller restart); ``scaling_for`` gives the policy the
-job's goodput function as a ``GoodputScaling`` (``autoscaler.scaling``), through the one ``JobView``
+job's goodput function as a ``GoodputScaling`` (``autoscaler.jobs.scaling``), through the one ``JobView``
 builder.
 
 Bounded cost per tick: the throughput model is refitted (``ThroughputModel.fit``, tens of
@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from sqlalchemy.orm import Session
 
+from autoscaler.jobs.scaling import BatchConfig, GoodputScaling, batch_limits
+from autoscaler.jobs.spec import JobSpec
 from cost_models import batching
 from cost_models.goodput import ThroughputModel
 from cost_models.scaling import ProfileScaling, Scaling
 
 from ..policy.jobmath import DEFAULT_RESTART_OVERHEAD_S
 from ..policy.params import DEFAULT_PARAMS
-from ..scaling import BatchConfig, GoodputScaling, batch_limits
-from ..spec import JobSpec
 from ..state import Job
 from .fits import JobFit
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 
+from autoscaler.fleet import accounting
+from autoscaler.jobs.domain import JobState
 from cloud_providers.base import (
     TAG_CONTROLLER,
     TAG_DECISION,
@@ -25,8 +27,6 @@ from cloud_providers.base import (
 )
 from cloud_providers.errors import CapacityUnavailable, InvalidRequest, ProviderError, QuotaExceeded
 
-from .. import accounting
-from ..domain import JobState
 from ..errors import Conflict
 from ..state import Decision, InstanceRow, Job
 from .context import Context, gpus_of

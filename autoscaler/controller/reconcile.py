@@ -27,11 +27,11 @@ from typing import TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from autoscaler.fleet import accounting
+from autoscaler.jobs.domain import JobState
 from cloud_providers.base import Offering
 from cloud_providers.errors import ProviderError
 
-from .. import accounting
-from ..domain import JobState
 from ..policy import JobView, PolicyInput
 from ..state import Event, InstanceRow, Job
 from .allocate import apply

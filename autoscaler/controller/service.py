@@ -20,18 +20,18 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from autoscaler.jobs import log_cap
+from autoscaler.jobs.domain import JobNameTaken, JobState, NotOwner
+from autoscaler.jobs.spec import JobSpec
 from cloud_providers.base import Provider
 from cloud_providers.clock import WALL_CLOCK, Clock
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import Executor
 from cloud_providers.protocol import ProgressRecord
 
-from .. import log_cap
-from ..domain import JobNameTaken, JobState, NotOwner
 from ..errors import Conflict, JobNotFound
 from ..home import default_store
 from ..policy import Policy
-from ..spec import JobSpec
 from ..state import Job, Store
 from ..state.lease import LeaderLease
 from . import reconcile
@@ -212,7 +212,7 @@ class Controller:
     def submit(self, spec: JobSpec, workdir: Path, *, scenario: Mapping[str, Any] | None = None) -> dict[str, Any]:
         ctx = self.ctx
         if getattr(ctx.executor, "ship_workdir", False):  # the remote executor ships it to instances
-            from ..workdir import check_workdir
+            from autoscaler.jobs.workdir import check_workdir
 
             check_workdir(workdir)  # SpecError, one line: over the size limit, a link out of it
         with self._lock, ctx.store.session() as s:
@@ -321,7 +321,7 @@ class Controller:
         """Rank 0's reports of this controller's live jobs, read before the tick takes the lock: a
         file a job writes must never be read while submit and cancel wait (issue 21, finding 1).
         None when the executor does not read files (its reports are in the database or in memory).
-        Its workers' logs are kept to the job's cap here too (``log_cap.py``, finding 5)."""
+        Its workers' logs are kept to the job's cap here too (``jobs/log_cap.py``, finding 5)."""
         ctx = self.ctx
         read = getattr(ctx.executor, "read_progress", None)
         if read is None:

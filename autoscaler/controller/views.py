@@ -3,7 +3,7 @@
 ``job_view`` is the one ``JobView`` builder: the controller builds every view through it, on the wall
 clock as a service and on the virtual clock as the simulator. Its ``scaling`` is the job's goodput
 function once the workers reported a profile (``goodput.scaling_for``), else the spec's. ``job_summary`` lives in the light
-``autoscaler.summary`` (the CLI's ``status`` reads it without importing the controller) and is
+``autoscaler.jobs.summary`` (the CLI's ``status`` reads it without importing the controller) and is
 re-exported here.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autoscaler.jobs.domain import JobState
+from autoscaler.jobs.summary import job_summary
 from cloud_providers.base import InstanceState, Offering
 
-from ..domain import JobState
 from ..policy import Held, JobView
 from ..state import InstanceRow, Job
-from ..summary import job_summary
 from .context import Context
 from .goodput import scaling_for
 

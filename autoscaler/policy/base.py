@@ -11,12 +11,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from autoscaler.jobs.domain import Outcome
+from autoscaler.jobs.scaling import BatchConfig
+from autoscaler.jobs.spec import JobSpec
 from cloud_providers.base import Offering
 from cost_models.scaling import Scaling
-
-from ..domain import Outcome
-from ..scaling import BatchConfig
-from ..spec import JobSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,9 +25,9 @@ lag between a change and the next decision.
 
 from __future__ import annotations
 
+from autoscaler.jobs.domain import Outcome
 from cloud_providers.base import ON_DEMAND, SPOT
 
-from ..domain import Outcome
 from .base import Allocation, JobView, PolicyInput
 from .jobmath import (
     Config,

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
+from autoscaler.jobs.scaling import BatchConfig, GoodputScaling
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cost_models.scaling import AmdahlScaling, LinearScaling, Scaling, accelerator_speed
 
-from ..scaling import BatchConfig, GoodputScaling
 from .base import JobView, Placement, PolicyInput, eligible_offerings
 
 # A market that refused capacity is avoided for this long (seconds).

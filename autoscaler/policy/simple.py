@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from autoscaler.jobs.domain import Outcome
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 
-from ..domain import Outcome
 from .base import Allocation, JobView, Placement, PolicyInput, eligible_offerings
 from .jobmath import CAPACITY_BACKOFF_S
 

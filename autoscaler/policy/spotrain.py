@@ -57,10 +57,10 @@ import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 
+from autoscaler.jobs.domain import Outcome
 from cloud_providers.base import Offering, offering_key
 from cost_models import hazard as hz
 
-from ..domain import Outcome
 from .base import Allocation, JobView, MarketHistory, PolicyInput, eligible_offerings
 from .params import DEFAULT_PARAMS, PolicyParams
 from .spotrain_candidates import (

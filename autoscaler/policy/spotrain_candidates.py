@@ -12,13 +12,13 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+from autoscaler.jobs.domain import Outcome
+from autoscaler.jobs.scaling import BatchConfig
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cost_models import hazard as hz
 from cost_models import objective
 from cost_models.scaling import Scaling
 
-from ..domain import Outcome
-from ..scaling import BatchConfig
 from .base import JobView, MarketHistory, Placement, PolicyInput
 from .jobmath import (
     cap_refused,

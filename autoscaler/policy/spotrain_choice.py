@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from autoscaler.jobs.domain import Outcome
 from cloud_providers.base import SPOT
 from cost_models import objective
 
-from ..domain import Outcome
 from .jobmath import gang_rate, on_demand_allowed, spot_allowed
 from .spotrain_candidates import Candidate, JobPlan, PlanContext
 from .spotrain_deadline import DeadlineState

@@ -29,16 +29,16 @@ import dataclasses
 import math
 from typing import Any
 
+from autoscaler.fleet.accounting import holdings_burn_rate_usd_per_hour
+from autoscaler.jobs.spec import JobSpec
 from cloud_providers.base import SPOT, Offering
 from cloud_providers.local.market import MarketTrace
 from cost_models.scaling import Scaling
 
-from ..accounting import holdings_burn_rate_usd_per_hour
 from ..controller.budget import guard_left_s, guard_reason, horizon_s, launch_reason, price_caps
 from ..controller.views import held_from_counts, progress_of
 from ..policy.base import Allocation, JobView, MarketHistory, Policy, PolicyInput, eligible_offerings
 from ..policy.jobmath import gang_rate
-from ..spec import JobSpec
 from .executor import STEP_EPS, STEPS_PER_S
 from .market_watch import MarketWatch
 

@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autoscaler.jobs.scaling import BatchConfig, GoodputScaling
 from cloud_providers import protocol
 from cloud_providers.base import Offering
 from cloud_providers.clock import Clock
@@ -45,7 +46,6 @@ from cost_models.goodput import ThroughputModel
 from cost_models.scaling import Scaling, accelerator_speed
 
 from ..policy.jobmath import gang_rate, gang_shape
-from ..scaling import BatchConfig, GoodputScaling
 
 STEPS_PER_S = 100
 # Rounding slack when counting whole steps (a step done in float arithmetic may fall a hair short).

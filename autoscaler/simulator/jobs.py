@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autoscaler.jobs.scaling import spec_scaling
+from autoscaler.jobs.spec import JobSpec
 from cost_models.scaling import Scaling
 
 from ..policy import Policy, get_policy
 from ..policy.jobmath import DEFAULT_RESTART_OVERHEAD_S
-from ..scaling import spec_scaling
-from ..spec import JobSpec
 from .engine import SimJob, SimResult, Simulation
 from .omniscient import PlanPolicy, plan_omniscient
 from .world import run_job

@@ -1,7 +1,7 @@
 """What a controller watching the market would have learnt by time ``t``: ``MarketHistory`` per offering.
 
 The simulator gives the policy only the past (online estimation). It does not re-implement the
-controller's market watch: it runs it (``autoscaler.market_watch.Watch``) once per trace, observing
+controller's market watch: it runs it (``autoscaler.fleet.market_watch.Watch``) once per trace, observing
 each offering at each of its own change points from the trace's start, and keeps the immutable watch
 after each. A query at ``t`` takes the last snapshot at or before ``t`` and advances it to ``t`` with
 the room of the moment - what the controller's ``MarketWatcher`` would report had it observed at
@@ -15,9 +15,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from autoscaler.fleet.market_watch import Watch, watched
 from cloud_providers.local.market import MarketTrace
 
-from ..market_watch import Watch, watched
 from ..policy.base import MarketHistory
 
 

@@ -32,9 +32,9 @@ import math
 
 import numpy as np
 
+from autoscaler.jobs.domain import Outcome
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 
-from ..domain import Outcome
 from ..errors import SpotrainError
 from ..policy.base import Allocation, JobView, Placement, PolicyInput
 from ..policy.jobmath import gang_rate, on_demand_allowed, spot_allowed

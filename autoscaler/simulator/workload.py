@@ -46,6 +46,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from autoscaler.jobs.spec import JobSpec, spec_from_dict
 from cloud_providers.base import Offering
 from cloud_providers.local.market import MarketTrace
 from cloud_providers.safe_files import FileRefused, read_text_file
@@ -54,7 +55,6 @@ from cost_models.scaling import LinearScaling, ProfileScaling
 from ..errors import SpecError
 from ..policy.base import Policy
 from ..policy.jobmath import gang_rate
-from ..spec import JobSpec, spec_from_dict
 from ..state import InstanceRow
 from .executor import SimWorkload
 from .workload_models import MODELS, model_stats, run_time_s, throughput_model, tuned_config

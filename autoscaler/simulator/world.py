@@ -19,6 +19,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from autoscaler.jobs.domain import JobState
+from autoscaler.jobs.spec import JobSpec
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cloud_providers.clock import VirtualClock
 from cloud_providers.local.market import MarketTrace
@@ -27,9 +29,7 @@ from cost_models.scaling import Scaling
 
 from ..controller import Controller, Hooks, Timings
 from ..controller.budget import guard_due_s
-from ..domain import JobState
 from ..policy import Policy
-from ..spec import JobSpec
 from ..state import InstanceRow, Job, Store
 from .engine import SimJob, SimResult
 from .executor import SimulatedExecutor, SimWorkload

@@ -14,7 +14,7 @@ import time
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from ..domain import TERMINAL, JobState
+from autoscaler.jobs.domain import TERMINAL, JobState
 
 __all__ = ["TERMINAL", "JobState", "Base", "Job", "InstanceRow", "Decision", "Event", "AGENT_TABLE_NAMES"]
 
@@ -150,7 +150,7 @@ class Event(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
 
 
-# ----- the remote executor's tables (autoscaler/remote_executor.py): workers on real instances -----
+# ----- the remote executor's tables (autoscaler/remote/executor.py): workers on real instances -----
 
 
 class AgentAssignment(Base):
@@ -185,7 +185,7 @@ class AgentReport(Base):
 
 class AgentSeq(Base):
     """The highest request counter taken from each launch decision's agent: a signed request is taken
-    once, with a counter above this (``autoscaler/agent_auth.py``), so a replayed one is refused."""
+    once, with a counter above this (``autoscaler/remote/auth.py``), so a replayed one is refused."""
 
     __tablename__ = "agent_seqs"
 

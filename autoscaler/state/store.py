@@ -13,9 +13,9 @@ from sqlalchemy import case, create_engine, event, func, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from autoscaler.jobs.domain import LIVE, check_transition
 from cloud_providers.base import SPOT, InstanceState
 
-from ..domain import LIVE, check_transition
 from .migrate import BRANCHES, migrate
 from .models import TERMINAL, Decision, Event, InstanceRow, Job, JobState
 

@@ -10,7 +10,7 @@ runs the user's commands as its own child processes.
 
 The document is written as JSON, which is also YAML, so no YAML emitter decides our quoting.
 User data is readable by anyone allowed ``ec2:DescribeInstanceAttribute``. With ``--executor remote``
-the config carries the instance's agent credential (``autoscaler/remote_executor.py``): it is bound to
+the config carries the instance's agent credential (``autoscaler/remote/executor.py``): it is bound to
 that one launch decision, so reading it exposes that instance's agent endpoints only, never the
 controller's tokens (docs/aws.md, "Workers on real instances"). Put nothing else secret here.
 """

@@ -10,7 +10,7 @@ unit. Compute runs ``startup-script`` as root on every boot.
 
 Instance metadata is readable by whoever may ``compute.instances.get`` the instance and by any
 process on it. With ``--executor remote`` the config carries the instance's agent credential, bound to
-that one launch decision (``autoscaler/remote_executor.py``), never the controller's tokens. Put
+that one launch decision (``autoscaler/remote/executor.py``), never the controller's tokens. Put
 nothing else secret here.
 """
 

@@ -1,6 +1,6 @@
 """The instance agent's configuration: the JSON document the user data writes to the instance.
 
-Written by the controller at launch (``autoscaler/clouds.py`` through the provider's ``boot_config_for``)
+Written by the controller at launch (``autoscaler/fleet/clouds.py`` through the provider's ``boot_config_for``)
 and read by the agent at start; every field is checked here, so a bad file fails in one line naming
 the field. Unknown fields are errors, as in the job spec.
 """

@@ -1,7 +1,7 @@
 """The agent's TLS to the controller: the controller's own certificate, pinned from the user data.
 
 The controller serves the agents' endpoints over HTTPS with a self-signed certificate it made once
-(``autoscaler/tls.py``) and puts that certificate, PEM, in every instance's agent config
+(``autoscaler/remote/tls.py``) and puts that certificate, PEM, in every instance's agent config
 (``controller_cert_pem``). The agent trusts that one certificate and nothing else: it is the only CA of
 its SSL context (no system store), so a server showing any other certificate, a public CA's
 included, fails the handshake. Host names are not checked: the pin is stronger than a name, and the

@@ -246,7 +246,7 @@ def signed_headers(credential: str, *, method: str, path: str, seq: int, content
 
 @dataclasses.dataclass(frozen=True)
 class SignedRequest:
-    """What a signed request's headers claim (checked by the controller: ``autoscaler/agent_auth.py``)."""
+    """What a signed request's headers claim (checked by the controller: ``autoscaler/remote/auth.py``)."""
 
     path: str
     decision_id: str

@@ -1,6 +1,6 @@
 """The job's workdir on the instance: the archive the controller shipped, fetched, verified, unpacked.
 
-The controller (``autoscaler/workdir.py``) packs the job's ``workdir`` into a deterministic tar.gz named
+The controller (``autoscaler/jobs/workdir.py``) packs the job's ``workdir`` into a deterministic tar.gz named
 by its SHA-256, puts it in the job's store (``<store>/<job_id>/workdir/<sha256>.tar.gz``) and sends the
 archive's URI, hash and size in the instance's assignment. Here the agent:
 

@@ -90,7 +90,7 @@ def gcp_fake_env(gcp_fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> Fake
 def api_job(job_id: str) -> dict[str, Any]:
     """The job as ``spotrain status JOB --json`` prints it, read from the running controller's API in
     this process (the CLI costs a Python start per call, which a polling loop should not spend)."""
-    from autoscaler.client import Client
+    from autoscaler.client.http import Client
 
     return Client(timeout_s=30).job(job_id).to_json_dict()
 

@@ -173,7 +173,7 @@ def all_jobs() -> list[dict[str, Any]]:
 
 def api_jobs() -> list[dict[str, Any]]:
     """``all_jobs`` from the running controller's API in this process, for polling (no CLI start)."""
-    from autoscaler.client import Client
+    from autoscaler.client.http import Client
 
     return [j.to_json_dict() for j in Client(timeout_s=30).jobs()]
 

@@ -18,8 +18,8 @@ from test_packaging import run_blocked
 
 from autoscaler.controller import Controller
 from autoscaler.home import db_url
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.spec import load_spec
 from autoscaler.state import Store
 from cloud_providers.errors import CredentialsError
 from cloud_providers.gcp import RetryPolicy, make_provider

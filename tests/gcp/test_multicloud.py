@@ -18,10 +18,10 @@ from aws.faults import Faults
 from aws.harness import TEST_SPOT_PRICES, MotoServer, deliver_spot_interruption, ec2_client
 
 from autoscaler.controller import Controller
+from autoscaler.fleet.multicloud import MultiCloudProvider
 from autoscaler.home import db_url
-from autoscaler.multicloud import MultiCloudProvider
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.spec import load_spec
 from autoscaler.state import Store
 from cloud_providers.base import MIN_BILLED_S_ATTR, SPOT, TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
 from cloud_providers.errors import ProviderError

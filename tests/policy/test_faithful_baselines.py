@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from conftest import make_spec
 
+from autoscaler.jobs.spec import JobSpec
 from autoscaler.policy import Held, JobView, MarketHistory, PolicyInput, get_policy
 from autoscaler.policy.base import Policy
-from autoscaler.spec import JobSpec
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 
 H = 3600.0

@@ -19,9 +19,9 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 
+from autoscaler.jobs.spec import spec_from_dict
 from autoscaler.simulator import Simulation, make_sim_job, run_named
 from autoscaler.simulator.jobs import run_controller
-from autoscaler.spec import spec_from_dict
 from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 
 STARTS = int(os.environ.get("SPOTRAIN_FAST_PATH_STARTS", "32"))

@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import make_spec
 
-from autoscaler.domain import Outcome
+from autoscaler.jobs.domain import Outcome
 from autoscaler.policy import Held, JobView, PolicyInput, get_policy
 from autoscaler.policy.spotrain import SpotrainPolicy
 from cloud_providers.base import ON_DEMAND, SPOT, Offering

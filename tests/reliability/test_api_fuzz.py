@@ -23,12 +23,12 @@ from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 from schemathesis.python import asgi
 
-from autoscaler.api import create_app
-from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.spec import load_spec
+from autoscaler.server.api import create_app
 from autoscaler.state import Store
 from support import write_pw_spec
 

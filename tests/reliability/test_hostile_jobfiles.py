@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.clouds import local_cloud
 from autoscaler.controller import Controller
 from autoscaler.errors import SpecError
+from autoscaler.fleet.clouds import local_cloud
 from autoscaler.home import db_url
+from autoscaler.jobs.spec import load_spec
+from autoscaler.jobs.workdir import IGNORE_FILE, build_archive, check_workdir
 from autoscaler.policy import get_policy
-from autoscaler.spec import load_spec
 from autoscaler.state import Store
-from autoscaler.workdir import IGNORE_FILE, build_archive, check_workdir
 from cloud_providers.local.executor import LocalExecutor
 from support import write_pw_spec
 
@@ -110,7 +110,7 @@ def test_finding1_a_worker_log_swapped_for_a_fifo_or_a_link_is_not_read(tmp_path
     out, took = bounded(f"""
         from pathlib import Path
         from autoscaler.controller.outcomes import traceback_tail
-        from autoscaler.logs import tail_bytes
+        from autoscaler.client.logs import tail_bytes
         paths = [Path({str(fifo)!r}), Path({str(link)!r})]
         result = [traceback_tail(p) for p in paths]
         for p in paths:
@@ -189,7 +189,7 @@ def check_in_child(root: Path, env: dict[str, str] | None = None) -> tuple[str, 
     return bounded(f"""
         from pathlib import Path
         from autoscaler.errors import SpecError
-        from autoscaler.workdir import build_archive, check_workdir
+        from autoscaler.jobs.workdir import build_archive, check_workdir
         try:
             check_workdir(Path({str(root)!r}))
             build_archive(Path({str(root)!r}))
@@ -304,8 +304,8 @@ def test_finding10_names_with_newlines_do_not_escape_exclusions(tmp_path: Path) 
 # ----- finding 5: a job's output on the controller's disk ---------------------------------------------
 def test_finding5_local_workers_logs_are_kept_to_the_jobs_cap(spotrain_home: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoscaler.client.logs import job_logs
     from autoscaler.home import logs_dir
-    from autoscaler.logs import job_logs
 
     def dir_bytes(d: Path) -> int:
         return sum(f.lstat().st_size for f in d.iterdir())

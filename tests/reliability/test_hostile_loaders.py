@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from autoscaler.errors import SpecError
+from autoscaler.jobs.scaling import spec_scaling
+from autoscaler.jobs.spec import load_spec, spec_from_dict
 from autoscaler.policy.params import load_params_file
-from autoscaler.scaling import spec_scaling
 from autoscaler.simulator.workload import read_workload
-from autoscaler.spec import load_spec, spec_from_dict
 from cloud_providers.local.market import MarketTrace
 from cloud_providers.local.scenario import load_scenario
 from cloud_providers.remote.config import AgentConfig

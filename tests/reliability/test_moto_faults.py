@@ -30,8 +30,8 @@ from moto import mock_aws
 
 from autoscaler.controller import Controller
 from autoscaler.home import db_url
+from autoscaler.jobs.spec import load_spec
 from autoscaler.policy import get_policy
-from autoscaler.spec import load_spec
 from autoscaler.state import Store
 from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION
 from cloud_providers.local.executor import LocalExecutor

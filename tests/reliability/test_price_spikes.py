@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from autoscaler.jobs.spec import spec_from_dict
 from autoscaler.policy import CheapestPolicy, get_policy
 from autoscaler.simulator import world as world_module
 from autoscaler.simulator.executor import SimWorkload
 from autoscaler.simulator.world import World
-from autoscaler.spec import spec_from_dict
 from autoscaler.state import Job
 from cloud_providers.base import TAG_JOB
 from cloud_providers.local.market import HEADER, MarketTrace

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoscaler.errors import SpecError
-from autoscaler.spec import JobSpec, parse_spec_text, spec_from_dict
+from autoscaler.jobs.spec import JobSpec, parse_spec_text, spec_from_dict
 
 from .figures import ENV_SPEC_CASES, env_int, record
 
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.chaos
 CASES = env_int(ENV_SPEC_CASES, 10_000)
 # The three ways a spec arrives share the cases: dicts (the API) 40 %, YAML 40 %, raw text 20 %.
 SHARES = {"dict": 0.4, "yaml": 0.4, "text": 0.2}
-MAX_MESSAGE = 400  # autoscaler.spec's bound on a message
+MAX_MESSAGE = 400  # autoscaler.jobs.spec's bound on a message
 
 
 def _settings(cases: int) -> settings:

@@ -12,10 +12,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-import autoscaler.workdir as workdir_module
+import autoscaler.jobs.workdir as workdir_module
+from autoscaler.client.logs import job_logs
 from autoscaler.home import logs_dir
-from autoscaler.logs import job_logs
-from autoscaler.remote_executor import RemoteExecutor, agent_credential
+from autoscaler.remote.executor import RemoteExecutor, agent_credential
 from autoscaler.state import Store
 from cloud_providers.executor import WorkerLaunch
 from cloud_providers.protocol import ENV_CHECKPOINT_URI
@@ -90,7 +90,7 @@ def test_finding2_a_workdir_that_cannot_be_shipped_reaches_the_agent_as_its_one_
 
 def test_finding2_a_store_that_refuses_the_archive_is_retried_then_reported(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autoscaler.workdir_shipper import MAX_TRIES, PENDING, RETRY_S, WorkdirShipper
+    from autoscaler.remote.shipper import MAX_TRIES, PENDING, RETRY_S, WorkdirShipper
     from cloud_providers.errors import ProviderError
 
     calls: list[int] = []
@@ -119,7 +119,7 @@ def test_finding5_an_agents_output_is_capped_and_rotated_per_job(
     executor.ship_workdir = False
     executor.start(launch(tmp_path, ""))
     app = FastAPI()
-    from autoscaler.api_agents import agent_router
+    from autoscaler.remote.endpoints import agent_router
 
     app.include_router(agent_router(executor))
     client = TestClient(app)

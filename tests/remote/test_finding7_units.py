@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from autoscaler.errors import SpecError
+from autoscaler.jobs.workdir import IGNORE_FILE, build_archive, ignored, parse_ignore, ship
 from autoscaler.state import Store
-from autoscaler.workdir import IGNORE_FILE, build_archive, ignored, parse_ignore, ship
 from cloud_providers.agent_boot import AgentInstall, installed_version
 from cloud_providers.aws.userdata import AgentBoot as AwsBoot
 from cloud_providers.executor import WorkerLaunch
@@ -170,7 +170,7 @@ def test_an_archive_cannot_write_outside_its_directory_even_with_the_right_hash(
 
 def test_a_workdir_the_controller_could_not_ship_fails_the_ranks_with_its_reason(
         tmp_path: Path, channel: FakeChannel, store: Store) -> None:
-    from autoscaler.remote_executor import RemoteExecutor
+    from autoscaler.remote.executor import RemoteExecutor
 
     code = tree(tmp_path / "big")
     (code / "escape").symlink_to("/etc")
@@ -201,9 +201,9 @@ def test_the_agent_refuses_plain_http_and_a_missing_certificate(tmp_path: Path,
 
 def test_finding7_the_agent_talks_tls_to_the_pinned_certificate_only(
         spotrain_home: Path, tmp_path: Path, store: Store) -> None:
-    from autoscaler.agent_server import bind_agent_listener
-    from autoscaler.remote_executor import RemoteExecutor, agent_credential
-    from autoscaler.tls import ensure_agent_cert
+    from autoscaler.remote.executor import RemoteExecutor, agent_credential
+    from autoscaler.remote.listener import bind_agent_listener
+    from autoscaler.remote.tls import ensure_agent_cert
 
     listener = bind_agent_listener("127.0.0.1", 0)
     executor = RemoteExecutor(store, agent_token=TOKEN)
@@ -255,7 +255,7 @@ def test_finding7_the_agent_install_is_pinned_whatever_the_source() -> None:
 def test_the_controllers_of_a_fleet_share_one_agent_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A standby that takes over serves the agents the leader launched: they pin the fleet's
     certificate, kept in SPOTRAIN_FLEET_DIR, not one per controller home."""
-    from autoscaler.tls import ensure_agent_cert
+    from autoscaler.remote.tls import ensure_agent_cert
 
     fleet = tmp_path / "fleet"
     monkeypatch.setenv("SPOTRAIN_FLEET_DIR", str(fleet))
@@ -273,11 +273,11 @@ def test_finding7_a_workdir_over_the_limit_is_refused_at_submission(
     submitted (a one-line 422 through the API), not when the first gang starts; nothing is stored."""
     from fastapi.testclient import TestClient
 
-    from autoscaler.api import create_app
-    from autoscaler.clouds import local_cloud
     from autoscaler.controller import Controller
+    from autoscaler.fleet.clouds import local_cloud
     from autoscaler.policy import get_policy
-    from autoscaler.remote_executor import RemoteExecutor
+    from autoscaler.remote.executor import RemoteExecutor
+    from autoscaler.server.api import create_app
     from autoscaler.state import Job
 
     monkeypatch.setenv("SPOTRAIN_WORKDIR_MAX_MB", "1")

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from autoscaler.remote_executor import RemoteExecutor, agent_credential, decision_of, ensure_agent_token
+from autoscaler.remote.executor import RemoteExecutor, agent_credential, decision_of, ensure_agent_token
 from autoscaler.state import Store
 from cloud_providers.executor import GangState, WorkerLaunch
 from cloud_providers.remote.agent import Agent, ControllerChannel
@@ -51,7 +51,7 @@ def test_finding3_the_controllers_of_a_fleet_share_one_agent_key(tmp_path: Path,
 def test_finding3_controllers_starting_together_agree_on_one_key(tmp_path: Path) -> None:
     """Four controllers of one fleet making the key at once all read the first one's, whole."""
     fleet = tmp_path / "fleet"
-    code = "from autoscaler.remote_executor import ensure_agent_token; print(ensure_agent_token())"
+    code = "from autoscaler.remote.executor import ensure_agent_token; print(ensure_agent_token())"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "SPOTRAIN_FLEET_DIR": str(fleet),
                                    "SPOTRAIN_HOME": str(tmp_path / f"home-{n}")}) for n in range(4)]
@@ -137,7 +137,7 @@ def test_finding14_a_captured_signed_report_cannot_be_replayed(tmp_path: Path, s
     """A real agent reports through the real endpoints; its report request, captured on the wire
     (headers and body as sent), is sent again: refused (409), and nothing it says is taken. On main
     the same replay was taken (200): the bearer credential in the request was all it checked."""
-    from autoscaler.api_agents import agent_router
+    from autoscaler.remote.endpoints import agent_router
 
     executor = RemoteExecutor(store, agent_token=TOKEN)
     app = FastAPI()
@@ -168,7 +168,7 @@ def test_finding14_a_captured_signed_report_cannot_be_replayed(tmp_path: Path, s
 def test_finding14_an_agent_that_lost_its_counter_catches_up(tmp_path: Path, store: Store) -> None:
     """An agent whose counter file is gone (a re-imaged state dir) starts at 1, is told the last
     counter taken (409 + X-Spotrain-Last-Seq) and carries on above it, on the same call."""
-    from autoscaler.api_agents import agent_router
+    from autoscaler.remote.endpoints import agent_router
 
     executor = RemoteExecutor(store, agent_token=TOKEN)
     app = FastAPI()

@@ -46,9 +46,9 @@ def run_program(program: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(180)
 def test_a_booting_instance_installs_exactly_the_served_wheel_and_refuses_a_tampered_one(
         spotrain_home: Path, tmp_path: Path, store: Store) -> None:
-    from autoscaler.agent_server import bind_agent_listener
-    from autoscaler.agent_wheel import ensure_agent_wheel
-    from autoscaler.remote_executor import RemoteExecutor
+    from autoscaler.remote.executor import RemoteExecutor
+    from autoscaler.remote.listener import bind_agent_listener
+    from autoscaler.remote.wheel import ensure_agent_wheel
 
     wheel = ensure_agent_wheel()
     assert wheel.name == f"spotrain-{installed_version()}-py3-none-any.whl"

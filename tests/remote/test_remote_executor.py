@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from autoscaler.remote_executor import (
+from autoscaler.remote.executor import (
     AgentGatedProvider,
     RemoteExecutor,
     agent_credential,
@@ -46,7 +46,7 @@ def executor(store: Store, clock: FakeClock) -> RemoteExecutor:
 
 @pytest.fixture
 def client(executor: RemoteExecutor) -> TestClient:
-    from autoscaler.api_agents import agent_router
+    from autoscaler.remote.endpoints import agent_router
 
     app = FastAPI()
     app.include_router(agent_router(executor))
@@ -288,7 +288,7 @@ def test_the_overlay_gates_on_check_in_and_relays_the_agents_notice(executor: Re
 def test_make_cloud_rejects_a_remote_executor_without_a_real_cloud(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autoscaler.clouds import make_cloud
+    from autoscaler.fleet.clouds import make_cloud
 
     monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path / "home"))
 

@@ -11,8 +11,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from autoscaler.logs import read_output
-from autoscaler.remote_executor import RemoteExecutor, agent_credential
+from autoscaler.client.logs import read_output
+from autoscaler.remote.executor import RemoteExecutor, agent_credential
 from autoscaler.state import Store
 from cloud_providers.executor import GangState, WorkerLaunch
 from cloud_providers.remote.agent import Agent, ControllerChannel
@@ -30,7 +30,7 @@ def executor(store: Store, clock: FakeClock, spotrain_home: Path) -> RemoteExecu
 
 @pytest.fixture
 def client(executor: RemoteExecutor) -> TestClient:
-    from autoscaler.api_agents import agent_router
+    from autoscaler.remote.endpoints import agent_router
 
     app = FastAPI()
     app.include_router(agent_router(executor))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoscaler.spec import JobSpec, spec_from_dict
+from autoscaler.jobs.spec import JobSpec, spec_from_dict
 
 
 def make_spec(**over: Any) -> JobSpec:

@@ -1,5 +1,5 @@
 """Signed agent requests carry a counter; the highest taken per launch decision refuses replays
-(issue 21, finding 8: ``autoscaler/agent_auth.py``).
+(issue 21, finding 8: ``autoscaler/remote/auth.py``).
 
 Revision ID: agents_0002
 Revises: agents_0001

@@ -1,7 +1,7 @@
 """The controller's certificate for its agents' endpoint: self-signed, made once, pinned by the agents.
 
 ``spotrain controller start --executor remote`` serves the agents' endpoints over HTTPS
-(``agent_server.py``) with this certificate. It is made on first use with the ``cryptography`` package
+(``remote/listener.py``) with this certificate. It is made on first use with the ``cryptography`` package
 (an EC P-256 key, valid 10 years, names ``spotrain-controller`` and the hosts it is first made for) and
 kept in the fleet's directory (``SPOTRAIN_FLEET_DIR``, default SPOTRAIN_HOME) as ``agent-tls.key`` and
 ``agent-tls.crt`` (both mode 0600), so instances launched before a controller restart, or by a leader
@@ -21,10 +21,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from autoscaler.errors import SpotrainError
+from autoscaler.home import fleet_dir
 from cloud_providers.remote.tls import fingerprint
-
-from .errors import SpotrainError
-from .home import fleet_dir
 
 CERT_FILE = "agent-tls.crt"
 KEY_FILE = "agent-tls.key"

@@ -30,13 +30,12 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
+from autoscaler.errors import SpecError
 from cloud_providers import catalog, safe_files
 from cloud_providers.durations import format_duration_s, parse_duration_s
 from cloud_providers.safe_files import REFUSED_CONTEXT, FileRefused, load_yaml_raw, read_regular_file, yaml_problem
 from cost_models import batching
 from cost_models.store_uri import parse_store_uri
-
-from .errors import SpecError
 
 # Bounds on a spec (issue 14): a real spec is a few kB, a few levels deep, with small numbers.
 MAX_SPEC_BYTES = 1024 * 1024

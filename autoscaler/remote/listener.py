@@ -2,10 +2,10 @@
 
 ``spotrain controller start --executor remote`` binds a second socket, ``--agent-host`` (default
 ``--host``) and ``--agent-port`` (default ``--port`` + 1; 0 picks a free port), and serves there, with
-uvicorn in a thread of its own, an app with the agents' endpoints only (``api_agents.py``), behind the
+uvicorn in a thread of its own, an app with the agents' endpoints only (``remote/endpoints.py``), behind the
 same request guard as the user API (the agent's signature checked from the headers before any byte of
 a body is read; bodies bounded and timed). TLS uses the controller's self-signed certificate
-(``tls.py``), which every instance's agent config carries and the agent pins. The user API stays plain
+(``remote/tls.py``), which every instance's agent config carries and the agent pins. The user API stays plain
 HTTP on ``--host``/``--port`` (loopback by default) and no longer serves the agents' paths, so only
 the agents' port has to be reachable from the instances.
 
@@ -26,13 +26,12 @@ from urllib.parse import urlparse
 from fastapi import FastAPI, Response
 from starlette.datastructures import Headers
 
+from autoscaler.errors import SpotrainError
+from autoscaler.remote.endpoints import AGENT_PATHS, agent_router, signed_by_agent
+from autoscaler.remote.executor import RemoteExecutor
+from autoscaler.remote.tls import AgentCert, ensure_agent_cert
+from autoscaler.server.api import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestGuard, install_error_handlers
 from cloud_providers.agent_boot import WHEEL_PATH
-
-from .api import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestGuard, install_error_handlers
-from .api_agents import AGENT_PATHS, agent_router, signed_by_agent
-from .errors import SpotrainError
-from .remote_executor import RemoteExecutor
-from .tls import AgentCert, ensure_agent_cert
 
 
 def agents_app(executor: RemoteExecutor) -> FastAPI:

@@ -24,7 +24,7 @@ Bounds (issue 21, findings 2 and 10): everything here reads what a job's author 
 (the API thread) and when the archive is built (a thread of the remote executor, never the tick).
 ``.spotrainignore`` must be a regular file (not a link, FIFO or device) of at most
 ``MAX_IGNORE_BYTES``, with at most ``MAX_IGNORE_RULES`` patterns of at most ``MAX_PATTERN_CHARS``
-each; patterns are matched by ``globmatch.py`` in linear time, and one walk may spend at most
+each; patterns are matched by ``jobs/globmatch.py`` in linear time, and one walk may spend at most
 ``MAX_MATCH_STEPS`` matching steps. At most ``MAX_WORKDIR_ENTRIES`` files and directories are looked
 at (``SPOTRAIN_WORKDIR_MAX_FILES``). A shipped path may be at most ``MAX_PATH_BYTES`` long (the
 instance unpacks under its own state directory, and PATH_MAX is 4096). A link loop is refused; an
@@ -44,12 +44,11 @@ import stat
 import tarfile
 from pathlib import Path
 
+from autoscaler.errors import SpecError
+from autoscaler.jobs.globmatch import Budget, BudgetExceeded, Glob
 from cloud_providers.errors import ProviderError
 from cloud_providers.jobfiles import UnsafeJobFile, read_job_file
 from cloud_providers.remote.workdir import WorkdirRef, archive_uri, put_archive
-
-from .errors import SpecError
-from .globmatch import Budget, BudgetExceeded, Glob
 
 IGNORE_FILE = ".spotrainignore"
 DEFAULT_IGNORES = (".git/", "__pycache__/")

@@ -27,10 +27,9 @@ import os
 import zipfile
 from pathlib import Path
 
+from autoscaler.errors import SpotrainError
+from autoscaler.home import fleet_dir, private_dir
 from cloud_providers.agent_boot import installed_version
-
-from .errors import SpotrainError
-from .home import fleet_dir, private_dir
 
 PACKAGES = ("autoscaler", "cloud_providers", "cost_models", "runtime")
 WHEEL_DIR = "agent-wheel"

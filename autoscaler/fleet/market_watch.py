@@ -19,9 +19,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+from autoscaler.policy import MarketHistory
 from cloud_providers.base import Offering
-
-from .policy import MarketHistory
 
 MAX_COUNT = 8
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-from .errors import Conflict, DomainError
+from autoscaler.errors import Conflict, DomainError
 
 __all__ = ["JobState", "TERMINAL", "LIVE", "TRANSITIONS", "check_transition", "Outcome", "DomainError",
            "JobNameTaken", "NotOwner", "IllegalTransition"]

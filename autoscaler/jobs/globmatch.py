@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .errors import SpotrainError
+from autoscaler.errors import SpotrainError
 
 LIT, ONE, STAR, DSTAR, SEGS = range(5)
 

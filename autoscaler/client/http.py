@@ -1,6 +1,6 @@
 """HTTP client of the controller API, used by the CLI.
 
-Answers are parsed into the models of ``schemas.py``. A refusal becomes the ``SpotrainError`` the
+Answers are parsed into the models of ``server/schemas.py``. A refusal becomes the ``SpotrainError`` the
 controller raised: the API's ``ErrorBody`` names its type, and the types in ``_BY_NAME`` are rebuilt
 as such (``JobNameTaken``, ``NotOwner``, ``JobNotFound``, ...); any other refusal is an ``ApiError``
 with its status. A 401 is always ``AuthError`` and a 404 without a known type ``JobNotFound``.
@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from .domain import JobNameTaken, NotOwner
-from .errors import ApiError, AuthError, Conflict, ControllerUnreachable, DomainError, JobNotFound, SpotrainError
-from .home import read_controller_info, read_token
-from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary
+from autoscaler.errors import ApiError, AuthError, Conflict, ControllerUnreachable, DomainError, JobNotFound, SpotrainError
+from autoscaler.home import read_controller_info, read_token
+from autoscaler.jobs.domain import JobNameTaken, NotOwner
+from autoscaler.server.schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 PAGE_LIMIT = 1000  # the API's largest page (``listing.MAX_LIMIT``; not imported: it brings SQLAlchemy)
@@ -86,7 +86,7 @@ class Client:
 
     def jobs_page(self, *, state: str = "live", limit: int = PAGE_LIMIT, offset: int = 0,
                   order: str = "oldest") -> tuple[list[JobSummary], int | None]:
-        """One page of ``GET /v1/jobs`` (``listing.py``) and the offset of the next (None: the last)."""
+        """One page of ``GET /v1/jobs`` (``server/listing.py``) and the offset of the next (None: the last)."""
         r = self._call("GET", "/v1/jobs", params={"state": state, "limit": limit, "offset": offset, "order": order})
         nxt = r.headers.get("x-next-offset")
         return self._parse(JobList, r).root, int(nxt) if nxt and nxt.isdigit() and int(nxt) > offset else None

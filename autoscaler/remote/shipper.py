@@ -18,9 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autoscaler.errors import SpotrainError
 from cloud_providers.errors import ProviderError
-
-from .errors import SpotrainError
 
 log = logging.getLogger("spotrain.remote")
 
@@ -68,7 +67,7 @@ class WorkdirShipper:
             thread.join(timeout_s)
 
     def _build(self, job_id: str, workdir: Path, store_uri: str) -> None:
-        from .workdir import ship
+        from autoscaler.jobs.workdir import ship
 
         outcome: dict[str, Any] | None
         try:

@@ -14,13 +14,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from autoscaler.jobs.domain import JobState
 from cloud_providers.base import ON_DEMAND, SPOT, InstanceState
 from cloud_providers.durations import parse_duration_s
 
-from .domain import JobState
-
 if TYPE_CHECKING:  # pydantic's models are built when imported: 0.1-0.2 s that status need not pay
-    from .schemas import JobSummary
+    from autoscaler.server.schemas import JobSummary
 
 
 def split_reason(reason: str) -> tuple[str, str | None]:
@@ -132,6 +131,6 @@ def finite_json(value: Any) -> Any:
 def job_summary(job: Any, rows: Sequence[Any], *, now: float | None = None) -> JobSummary:
     """The job as the API and the CLI show it (``schemas.JobSummary``). ``now``: the controller
     clock, for a live job's wall time (default: the wall clock)."""
-    from .schemas import JobSummary
+    from autoscaler.server.schemas import JobSummary
 
     return JobSummary.model_validate(summary_dict(job, rows, now=now))

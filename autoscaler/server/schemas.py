@@ -17,9 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from autoscaler.jobs.domain import JobState
 from cloud_providers.base import InstanceState
-
-from .domain import JobState
 
 
 class _Answer(BaseModel):

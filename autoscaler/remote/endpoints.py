@@ -1,8 +1,8 @@
 """The agents' HTTP endpoints: instance agents fetch their assignment and report their workers.
 
-Included in the controller's app (``api.py``) when it runs with ``--executor remote``; otherwise the
+Included in the controller's app (``server/api.py``) when it runs with ``--executor remote``; otherwise the
 router is empty. Authentication is separate from the user API: an agent signs each request with the
-credential of its own launch decision and a counter (``agent_auth.py``, ``cloud_providers/remote/wire.py``):
+credential of its own launch decision and a counter (``remote/auth.py``, ``cloud_providers/remote/wire.py``):
 the signature is checked from the headers before the body is read (``agent_gate_for``, and the agents'
 listener), then the body's (or query's) hash and the counter here, so a replayed request gets 409.
 The controller maps the decision to the instance it launched, so an agent reads and writes nothing but
@@ -10,11 +10,11 @@ its own instance's assignment and reports. The user API token is never accepted 
 credential on the user API.
 
 ``spotrain controller start --executor remote`` serves these endpoints on a listener of their own, over
-HTTPS with the controller's pinned certificate (``agent_server.py``); the executor is then
+HTTPS with the controller's pinned certificate (``remote/listener.py``); the executor is then
 ``served_apart`` and the user API, plain HTTP, neither serves them nor accepts agent credentials.
 
 Wire format: ``cloud_providers/remote/wire.py``. The router translates its own refusals (the lookup
-errors of ``remote_executor.py``, a malformed report): the agent's protocol gives them meaning, and
+errors of ``remote/executor.py``, a malformed report): the agent's protocol gives them meaning, and
 the router also serves without the controller's app (tests mount it alone).
 """
 
@@ -28,6 +28,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 from starlette.datastructures import Headers
 
+from autoscaler.remote.auth import signed_decision
+from autoscaler.remote.executor import (
+    AgentLookupError,
+    InstanceNotYetKnown,
+    InstanceTerminated,
+    RemoteExecutor,
+    WrongInstance,
+    check_report,
+)
 from cloud_providers.remote.wire import (
     ASSIGNMENT_PATH,
     CONTENT_SHA256_HEADER,
@@ -42,18 +51,8 @@ from cloud_providers.remote.wire import (
     parse_signed,
 )
 
-from .agent_auth import signed_decision
-from .remote_executor import (
-    AgentLookupError,
-    InstanceNotYetKnown,
-    InstanceTerminated,
-    RemoteExecutor,
-    WrongInstance,
-    check_report,
-)
-
 if TYPE_CHECKING:
-    from .controller import Controller
+    from autoscaler.controller import Controller
 
 
 # What each lookup refusal means to the agent (``cloud_providers/remote/wire.py``): 404 retry, 410 stop.

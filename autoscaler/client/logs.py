@@ -14,14 +14,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoscaler.errors import JobNotFound
+from autoscaler.home import logs_dir
+from autoscaler.jobs import log_cap
 from cloud_providers.jobfiles import UnsafeJobFile, open_regular
 
-from . import log_cap
-from .errors import JobNotFound
-from .home import logs_dir
-
 if TYPE_CHECKING:  # the CLI renders logs without SQLAlchemy (cli/offline.py)
-    from .state import Store
+    from autoscaler.state import Store
 
 _TAIL_BYTES = 64_000
 
@@ -114,7 +113,7 @@ def install_controller_log(*, level: int = logging.INFO, path: Path | None = Non
     outlasts the interval) is not the user's business: only its errors are kept."""
     from sqlalchemy import event as sa_event
 
-    from .state import Event
+    from autoscaler.state import Event
 
     fmt = "%(asctime)s %(name)s %(levelname)s %(message)s"
     if path is None:

@@ -1,7 +1,7 @@
 """Builds the provider and executor a controller runs with (``--cloud``, ``--executor``).
 
 ``--cloud aws,gcp`` builds each cloud's provider as for one cloud and puts them behind one
-``MultiCloudProvider`` (``multicloud.py``), so one policy decision sees every cloud's offerings.
+``MultiCloudProvider`` (``fleet/multicloud.py``), so one policy decision sees every cloud's offerings.
 
 Cloud SDKs are imported only when their cloud is chosen, so the CLI stays fast and the local cloud
 needs no cloud account.
@@ -15,17 +15,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autoscaler.fleet.multicloud import MultiCloudProvider, check_clouds
+from autoscaler.home import localcloud_dir
+from autoscaler.remote.executor import DEFAULT_MASTER_PORT
+from autoscaler.state import Store
 from cloud_providers.base import Provider
 from cloud_providers.executor import Executor
 from cloud_providers.local.executor import LocalExecutor
 from cloud_providers.local.market import MarketTrace
 from cloud_providers.local.provider import DEFAULT_TIME_SCALE, LocalProvider
 from cloud_providers.local.scenario import Scenario
-
-from .home import localcloud_dir
-from .multicloud import MultiCloudProvider, check_clouds
-from .remote_executor import DEFAULT_MASTER_PORT
-from .state import Store
 
 
 @dataclasses.dataclass
@@ -68,7 +67,7 @@ def remote_cloud(
 ) -> CloudSetup:
     """A real cloud whose instances run their own agent (``--executor remote``): the user data of each
     instance carries the agent config (controller URL, the instance's agent credential, notice sources,
-    ``agent_cert_pem``: the certificate the agent pins, ``agent_server.py``) and installs the agent pinned
+    ``agent_cert_pem``: the certificate the agent pins, ``remote/listener.py``) and installs the agent pinned
     to this version from ``agent_install`` (``cloud_providers/agent_boot.py``). ``cloud`` may name
     several (``aws,gcp``): one agent gate over the clouds' composite provider."""
     clouds = cloud.split(",")
@@ -77,11 +76,10 @@ def remote_cloud(
             raise ValueError(f"--executor remote needs a real cloud with agents on its instances (aws, gcp), not {name!r}")
     if len(clouds) > 1:
         check_clouds(clouds)
+    from autoscaler.remote.executor import AgentGatedProvider, RemoteExecutor, agent_credential, ensure_agent_token
     from cloud_providers.agent_boot import AgentInstall
     from cloud_providers.base import TAG_JOB, LaunchRequest
     from cloud_providers.remote.config import NOTICE_SOURCE_AWS, NOTICE_SOURCE_GCE, AgentConfig
-
-    from .remote_executor import AgentGatedProvider, RemoteExecutor, agent_credential, ensure_agent_token
 
     try:
         AgentConfig(controller_url=advertise_url, agent_credential="d:x", decision_id="d")
@@ -92,7 +90,7 @@ def remote_cloud(
     version = install.pinned_version()
     wheel = None
     if install.kind == "served":  # the default: the instances install this controller's own wheel
-        from .agent_wheel import ensure_agent_wheel
+        from autoscaler.remote.wheel import ensure_agent_wheel
 
         wheel = ensure_agent_wheel()
 
@@ -139,7 +137,7 @@ def make_cloud(
                             rendezvous_port=rendezvous_port, agent_cert_pem=agent_cert_pem, agent_install=agent_install)
     if executor != "local":
         raise ValueError(f"unknown executor {executor!r} (choose local or remote)")
-    if "," in cloud:  # one controller over several clouds (autoscaler/multicloud.py)
+    if "," in cloud:  # one controller over several clouds (autoscaler/fleet/multicloud.py)
         names = cloud.split(",")
         check_clouds(names)
         setups = [make_cloud(name, cloud_id=cloud_id) for name in names]

@@ -26,10 +26,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from .errors import JobNotFound, SpecError
-from .spec import spec_from_stored
-from .state import Store
-from .state.models import ProgressSample
+from autoscaler.errors import JobNotFound, SpecError
+from autoscaler.jobs.spec import spec_from_stored
+from autoscaler.state import Store
+from autoscaler.state.models import ProgressSample
 
 SPOT, ON_DEMAND = "spot", "on-demand"
 _LAUNCHED = re.compile(r"^(\S+) on ")

@@ -15,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from .errors import SpecError
-from .state.store import LIVE_SELECTOR, Store, states_of
-from .summary import job_summary
+from autoscaler.errors import SpecError
+from autoscaler.jobs.summary import job_summary
+from autoscaler.state.store import LIVE_SELECTOR, Store, states_of
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from .schemas import JobSummary
+    from autoscaler.server.schemas import JobSummary
 
 DEFAULT_LIMIT = 200
 MAX_LIMIT = 1000

@@ -4,7 +4,7 @@
   ``RECENT_ENDED`` newest ended ones, older ones a page at a time (``/ui?older=N``), so the page
   does not grow with history (issue 21, finding 7); refreshed every 10 s by a
   ``<meta http-equiv="refresh">``;
-- ``/ui/jobs/JOB``: one job, its report picture (``report.py``) and its events;
+- ``/ui/jobs/JOB``: one job, its report picture (``client/report.py``) and its events;
 - ``/ui/login``: a form that takes the API token and keeps it in a cookie.
 
 Access is the API's token, as everywhere else (``api.RequestGuard`` checks it before any handler):
@@ -37,11 +37,11 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from .controller import Controller, job_summary
-from .domain import JobState
-from .errors import JobNotFound
-from .listing import job_page
-from .state.store import ENDED_SELECTOR, LIVE_SELECTOR
+from autoscaler.controller import Controller, job_summary
+from autoscaler.errors import JobNotFound
+from autoscaler.jobs.domain import JobState
+from autoscaler.server.listing import job_page
+from autoscaler.state.store import ENDED_SELECTOR, LIVE_SELECTOR
 
 PREFIX = "/ui"
 LOGIN_PATH = "/ui/login"
@@ -194,7 +194,7 @@ def dashboard_router(controller: Controller, token: str, report_png: Callable[[s
     @router.get(PREFIX)
     def jobs_page(request: Request, older: int = 0) -> Response:
         """Live jobs and a page of ended ones (``older``: ended jobs skipped, the newest first): a
-        fixed number of queries however many jobs ended (``listing.py``)."""
+        fixed number of queries however many jobs ended (``server/listing.py``)."""
         older = max(0, older)
         with store.session() as s:
             live = job_page(store, s, state=LIVE_SELECTOR, limit=1000)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import func, select
 
-from .state import JobState, Store
-from .state.models import Job
-from .state.store import LIVE_SELECTOR, states_of
+from autoscaler.state import JobState, Store
+from autoscaler.state.models import Job
+from autoscaler.state.store import LIVE_SELECTOR, states_of
 
 
 def render_metrics(store: Store) -> str:

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from autoscaler.errors import SpecError
+from autoscaler.jobs.spec import JobSpec, SerialFraction
 from cloud_providers.safe_files import read_text_file
 from cost_models import batching
 from cost_models.goodput import GoodputFunction, ThroughputModel, efficiency
 from cost_models.scaling import MAX_PROFILE_BYTES, AmdahlScaling, LinearScaling, ProfileScaling, Scaling, parse_profile_csv
-
-from .errors import SpecError
-from .spec import JobSpec, SerialFraction
 
 
 @functools.lru_cache(maxsize=64)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
+from autoscaler.policy import MarketHistory
+from autoscaler.state import InstanceRow
 from cloud_providers.base import SPOT, Instance, InstanceState, Provider
-
-from .policy import MarketHistory
-from .state import InstanceRow
 
 
 def row_to_instance(row: InstanceRow) -> Instance:

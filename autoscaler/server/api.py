@@ -9,10 +9,10 @@ then read by the guard itself, at most ``max_body_bytes`` (413 past it, announce
 ``body_timeout_s`` (408), before any parsing.
 
 The CLI is its main client. With ``--executor remote`` the instance agents call the agent endpoints
-(``api_agents.py``) with their per-instance credentials; with the local executor, workers report
+(``remote/endpoints.py``) with their per-instance credentials; with the local executor, workers report
 through the executor's progress file instead.
 
-Answers are the models of ``schemas.py``. Errors are not translated by each endpoint: the controller
+Answers are the models of ``server/schemas.py``. Errors are not translated by each endpoint: the controller
 raises the types of ``errors.py`` (and the provider's ``ProviderError``), and the exception handlers
 installed here turn each into its status (``ERROR_STATUS``, most specific type first) and an
 ``ErrorBody`` naming the type, which the client maps back to the same type.
@@ -34,18 +34,17 @@ from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse,
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from autoscaler.client.logs import job_logs, read_output
+from autoscaler.controller import Controller
+from autoscaler.errors import AuthError, Conflict, DomainError, JobNotFound, SpecError, SpotrainError
+from autoscaler.jobs.domain import IllegalTransition, JobState, NotOwner
+from autoscaler.jobs.spec import spec_from_dict
+from autoscaler.remote.endpoints import AGENT_PATHS, agent_gate_for, agent_router_for
+from autoscaler.server.dashboard import LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
+from autoscaler.server.listing import DEFAULT_LIMIT, MAX_LIMIT, job_page
+from autoscaler.server.schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
+from autoscaler.state.store import LIVE_SELECTOR
 from cloud_providers.errors import ProviderError
-
-from .api_agents import AGENT_PATHS, agent_gate_for, agent_router_for
-from .controller import Controller
-from .dashboard import LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
-from .domain import IllegalTransition, JobState, NotOwner
-from .errors import AuthError, Conflict, DomainError, JobNotFound, SpecError, SpotrainError
-from .listing import DEFAULT_LIMIT, MAX_LIMIT, job_page
-from .logs import job_logs, read_output
-from .schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
-from .spec import spec_from_dict
-from .state.store import LIVE_SELECTOR
 
 # Bounds of one request: the API's bodies (a spec, an agent's report) are a few kB.
 MAX_BODY_BYTES = 1024 * 1024
@@ -201,7 +200,7 @@ def _install_follow_endpoints(app: FastAPI, controller: Controller, auth: Callab
               responses=_refusals(404, 409, 422))
     def resume(ref: str) -> Any:
         """Submit the continuation of a cancelled or failed job, from its last checkpoint."""
-        from .resume import resume_job
+        from autoscaler.server.resume import resume_job
 
         return resume_job(controller, ref)
 
@@ -223,7 +222,7 @@ def _install_follow_endpoints(app: FastAPI, controller: Controller, auth: Callab
         return Response(data, media_type="application/octet-stream", headers={"x-next-offset": str(nxt)})
 
     def report_png(ref: str) -> bytes:
-        from .report import report_png as render
+        from autoscaler.client.report import report_png as render
 
         info = controller.job_info(ref)
         own_live = not JobState(info["state"]).terminal and info.get("cloud") == controller.provider.name
@@ -238,7 +237,7 @@ def _install_follow_endpoints(app: FastAPI, controller: Controller, auth: Callab
 
 
 def _install_list_endpoint(app: FastAPI, controller: Controller, auth: Callable[[Request], None]) -> None:
-    """``GET /v1/jobs``: one page of jobs (``listing.py``; issue 21, finding 7)."""
+    """``GET /v1/jobs``: one page of jobs (``server/listing.py``; issue 21, finding 7)."""
 
     @app.get("/v1/jobs", dependencies=[Depends(auth)], response_model=JobList, responses={
         **_refusals(422), 200: {"headers": _PAGE_HEADERS, "description": "One page of jobs"}})
@@ -249,7 +248,7 @@ def _install_list_endpoint(app: FastAPI, controller: Controller, auth: Callable[
         offset: int = Query(0, ge=0, description="Jobs to skip (x-next-offset of the previous page)"),
         order: str = Query("oldest", pattern="^(oldest|newest)$", description="oldest (default) or newest first"),
     ) -> JobList:
-        """One page of jobs: the live ones by default, oldest first (``listing.py``)."""
+        """One page of jobs: the live ones by default, oldest first (``server/listing.py``)."""
         with controller.store.session() as s:
             page = job_page(controller.store, s, state=state, limit=limit, offset=offset, order=order)
         response.headers["x-total-count"] = str(page.total)
@@ -299,7 +298,7 @@ def _cancel_at_owner(owner: str, job_id: str, token: str) -> dict[str, Any] | No
     the URL in its owner file (``cli/run.py``); None when the owner cannot be asked."""
     import httpx
 
-    from .home import fleet_dir
+    from autoscaler.home import fleet_dir
 
     try:
         info = json.loads((fleet_dir() / "localcloud" / owner / "owner.json").read_text())
@@ -381,7 +380,7 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
     # scrape with the token (Prometheus: ``authorization: {credentials_file: ~/.spotrain/token}``).
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(auth)], responses=_refusals())
     def metrics() -> str:
-        from .metrics import render_metrics
+        from autoscaler.server.metrics import render_metrics
 
         return render_metrics(controller.store)
 

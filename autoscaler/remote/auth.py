@@ -2,7 +2,7 @@
 
 **The agent key** (``agent-token``) is the root of every agent credential. It lives in the fleet's
 directory (``SPOTRAIN_FLEET_DIR``, default SPOTRAIN_HOME), beside the agents' TLS certificate
-(``tls.py``), so that every controller of one fleet (a leader and its standbys, each with a home of its
+(``remote/tls.py``), so that every controller of one fleet (a leader and its standbys, each with a home of its
 own) issues and accepts the same credentials: after a takeover the new leader still knows the agents
 the old one launched (issue 21, finding 3; before, each controller made a key in its own home and
 every agent got 401 from the new leader, its gang LOST). The key is made once, atomically, by the
@@ -30,10 +30,9 @@ import os
 import secrets
 from pathlib import Path
 
+from autoscaler.errors import SpotrainError
+from autoscaler.home import fleet_dir, home, publish_secret
 from cloud_providers.remote.wire import SignedRequest, request_signature
-
-from .errors import SpotrainError
-from .home import fleet_dir, home, publish_secret
 
 AGENT_TOKEN_FILE = "agent-token"
 
@@ -83,7 +82,7 @@ def decision_of(token: str, credential: str) -> str | None:
 def signed_decision(token: str, signed: SignedRequest | None, method: str) -> str | None:
     """The decision id of a request signed with the credential ``token`` issued for it, or None. Only
     the signature is checked here (from the headers, before any byte of the body is read); the body's
-    hash and the counter are checked by the endpoint (``api_agents.py``)."""
+    hash and the counter are checked by the endpoint (``remote/endpoints.py``)."""
     if signed is None:
         return None
     expected = request_signature(agent_credential(token, signed.decision_id), method=method, path=signed.path,

@@ -2,7 +2,7 @@
 
 The controller cannot start processes on an EC2 machine; the instance's agent
 (``cloud_providers/remote/agent.py``) does, and it talks to the controller over HTTP
-(``autoscaler/api_agents.py``). This executor is the controller's side of that conversation, kept in
+(``autoscaler/remote/endpoints.py``). This executor is the controller's side of that conversation, kept in
 the controller's database so that a restarted controller carries on where the last one stopped:
 
 - ``start`` stores the attempt's assignment for the instance (``agent_assignments``);
@@ -28,15 +28,15 @@ SQLite's single write lock, so with SQLite the agent tables live in a sibling fi
 (``spotrain-agents.db`` beside ``spotrain.db``); with a server database (PostgreSQL, ...) they share the
 controller's URL, since row locks on other tables do not conflict.
 
-Workdir: ``start`` has the job's workdir shipped (``workdir.py``: a content-hashed archive in the job's
-store, once per job and controller), on a thread of its own (``workdir_shipper.py``: never on the
+Workdir: ``start`` has the job's workdir shipped (``jobs/workdir.py``: a content-hashed archive in the job's
+store, once per job and controller), on a thread of its own (``remote/shipper.py``: never on the
 tick's); the agent gets its launch once the archive is in the store, with its URI and hash, which it verifies;
 a workdir that cannot be shipped (too large, a link out of it) reaches the agent as an error it fails
 the ranks with, so the job fails with that one line. TLS: with ``spotrain controller start --executor
-remote`` the agents' endpoints are served apart, over HTTPS (``agent_server.py``), and
+remote`` the agents' endpoints are served apart, over HTTPS (``remote/listener.py``), and
 ``served_apart`` keeps them off the plain-HTTP user API.
 
-Agent credentials (``agent_auth.py``): one agent key per fleet (``agent-token`` in SPOTRAIN_FLEET_DIR,
+Agent credentials (``remote/auth.py``): one agent key per fleet (``agent-token`` in SPOTRAIN_FLEET_DIR,
 shared by a leader and its standbys, mode 0600); each instance gets ``<decision_id>:<HMAC(key,
 decision_id)>`` in its user data, so a leaked user data exposes one instance's agent, never the key or
 the user API. The agent signs each request with it and a counter the controller takes once
@@ -60,6 +60,15 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import IntegrityError
 
+from autoscaler.errors import SpotrainError
+from autoscaler.home import logs_dir
+from autoscaler.jobs import log_cap
+from autoscaler.remote.auth import agent_credential, agent_token_path, decision_of, ensure_agent_token
+from autoscaler.remote.shipper import WorkdirShipper, is_pending
+from autoscaler.state import InstanceRow, Store
+from autoscaler.state.migrate import AGENTS
+from autoscaler.state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq
+from autoscaler.state.store import Database
 from cloud_providers.base import Billing, Instance, InstanceState, LaunchRequest, Offering, Provider
 from cloud_providers.errors import ProviderError
 from cloud_providers.executor import GangState, WorkerLaunch, WorkerStatus
@@ -75,16 +84,6 @@ from cloud_providers.remote.wire import (
     launch_from_json,
     launch_to_json,
 )
-
-from . import log_cap
-from .agent_auth import agent_credential, agent_token_path, decision_of, ensure_agent_token
-from .errors import SpotrainError
-from .home import logs_dir
-from .state import InstanceRow, Store
-from .state.migrate import AGENTS
-from .state.models import AgentAssignment, AgentProgress, AgentReport, AgentSeq
-from .state.store import Database
-from .workdir_shipper import WorkdirShipper, is_pending
 
 log = logging.getLogger("spotrain.remote")
 
@@ -171,7 +170,7 @@ class AgentTables(Database):
         super().__init__(url, branches=(AGENTS,))
 
 
-# ----- errors of an agent's lookup (the agent API maps them to HTTP statuses: api_agents.py) ---------
+# ----- errors of an agent's lookup (the agent API maps them to HTTP statuses: remote/endpoints.py) ---------
 class AgentLookupError(SpotrainError):
     """An agent's credential maps to no instance it may use."""
 
@@ -240,13 +239,13 @@ class RemoteExecutor:
         self._output_lock = threading.Lock()
         self.ship_workdir = ship_workdir
         self.shipper = WorkdirShipper()
-        # True once the agents' endpoints are served on their own TLS listener (``agent_server.py``).
+        # True once the agents' endpoints are served on their own TLS listener (``remote/listener.py``).
         self.served_apart = False
-        # The controller's wheel that listener serves to booting instances (``agent_wheel.py``), if any.
+        # The controller's wheel that listener serves to booting instances (``remote/wheel.py``), if any.
         self.agent_wheel: Any = None
 
     def workdir_for(self, launch: WorkerLaunch) -> dict[str, Any] | None:
-        """The job's shipped workdir for its assignments (``workdir.py``): ``{uri, sha256, size}``,
+        """The job's shipped workdir for its assignments (``jobs/workdir.py``): ``{uri, sha256, size}``,
         ``{error}`` when it cannot be shipped (the agent fails the ranks with that line), or
         ``workdir_shipper.PENDING`` while it is being packed (a build starts at the first ask). None
         when not shipping, or without a job store to ship to."""
@@ -336,7 +335,7 @@ class RemoteExecutor:
             raise ProviderError(f"no private address known for instance {instance_id} yet")
         return address, self.master_port
 
-    # ----- the agents' side (autoscaler/api_agents.py) -----
+    # ----- the agents' side (autoscaler/remote/endpoints.py) -----
     def instance_for(self, decision_id: str, claimed_instance_id: str | None) -> str:
         """The instance launched for ``decision_id``; raises AgentLookupError (see the classes)."""
         with self.store.session() as s:
@@ -387,7 +386,7 @@ class RemoteExecutor:
             raise WireError(f"output: rank {chunk.rank} of attempt {chunk.attempt} does not run on {instance_id}")
         path = logs_dir(la.job_id) / f"attempt-{la.attempt}-rank-{chunk.rank}.log"
         with self._output_lock:
-            # Offsets count every byte received, also those rotated out since (``log_cap.py``).
+            # Offsets count every byte received, also those rotated out since (``jobs/log_cap.py``).
             base = log_cap.read_meta(path)["base_bytes"]
             size = base + (path.stat().st_size if path.exists() else 0)
             if chunk.offset > size:

@@ -1,6 +1,6 @@
 """``spotrain resume JOB``: start a cancelled or failed job again from its last checkpoint.
 
-An ended job stays ended (a terminal state is final, ``domain.py``); resuming submits a new job with
+An ended job stays ended (a terminal state is final, ``jobs/domain.py``); resuming submits a new job with
 the same spec, work directory and name, whose checkpoint URI is the old job's: its workers restore
 the newest durable checkpoint there, as after a preemption. Both jobs get an event naming the other.
 The new job starts at the old one's checkpoint step, so its progress never reads as lost work.
@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .controller import Controller
-from .domain import JobState
-from .errors import Conflict, JobNotFound
-from .spec import spec_from_stored
-from .state import Job
+from autoscaler.controller import Controller
+from autoscaler.errors import Conflict, JobNotFound
+from autoscaler.jobs.domain import JobState
+from autoscaler.jobs.spec import spec_from_stored
+from autoscaler.state import Job
 
 RESUMABLE = frozenset({JobState.CANCELLED, JobState.FAILED, JobState.FAILED_BUDGET, JobState.FAILED_NO_RESOURCE})
 
