@@ -397,3 +397,74 @@ def test_the_simulator_configures_the_controller_at_construction() -> None:
     bad = [f"{f.relative_to(REPO)}:{line}: {what}" for f in sorted((REPO / "autoscaler" / "simulator").rglob("*.py"))
            for line, what in state_set_after_construction(ast.parse(f.read_text(), filename=str(f)))]
     assert not bad, bad
+
+
+# --- autoscaler/ grouped by role (issue 22): the folder listing is the architecture diagram ---------------
+
+# Each package of autoscaler/ and what it is; docs/architecture.md's map lists the same.
+GROUPS = {
+    "cli": "the spotrain command",
+    "client": "the CLI's side of the API: HTTP client, logs, report pictures",
+    "server": "the controller's HTTP face: API and its models, dashboard, metrics, job lists, resume",
+    "controller": "the tick: gangs, launches, recovery, budget, views",
+    "policy": "pure decisions over a JobView",
+    "state": "the database",
+    "jobs": "the job's domain: spec, states, scaling, workdir, summary, output cap",
+    "fleet": "the clouds: provider building, multicloud, market watch, billing",
+    "remote": "the remote executor, whole: executor, agents' listener and endpoints, auth, TLS, wheel, shipper",
+    "simulator": "the controller on a virtual clock",
+}
+# Flat modules kept at the top on purpose: every group uses them.
+TOP_MODULES = {"__init__.py", "errors.py", "home.py"}
+# The core never reaches the edges: the controller, policy, state and the job's domain import nothing of
+# the CLI, the client, the server or the remote executor (the one exception: the API's wire models, which
+# a job's summary fills).
+CORE = {"controller", "policy", "state", "jobs"}
+EDGES = {"cli", "client", "server", "remote"}
+CORE_MAY_USE = {"autoscaler.server.schemas"}
+
+
+def _all_imported_modules(path: Path) -> set[str]:
+    """Every module of ours a file names in an import, lazy ones included, relative ones resolved."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return found
+
+
+def test_autoscaler_is_grouped_by_role() -> None:
+    entries = {p.name for p in (REPO / "autoscaler").iterdir() if p.name not in {"__pycache__", "py.typed"}}
+    flat = {e for e in entries if e.endswith(".py")}
+    assert flat == TOP_MODULES, f"flat modules beside the groups: {sorted(flat - TOP_MODULES)}; put each in a group"
+    assert entries - flat == set(GROUPS), f"packages not in GROUPS: {sorted(entries - flat - set(GROUPS))}"
+    for group in GROUPS:
+        init = REPO / "autoscaler" / group / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init.relative_to(REPO)} says what the group is"
+
+
+def test_core_never_imports_the_edges() -> None:
+    bad = []
+    for group in sorted(CORE):
+        for f in sorted((REPO / "autoscaler" / group).rglob("*.py")):
+            for mod in sorted(_all_imported_modules(f)):
+                parts = mod.split(".")
+                if parts[0] == "autoscaler" and len(parts) > 1 and parts[1] in EDGES and ".".join(parts[:3]) not in CORE_MAY_USE:
+                    bad.append(f"{f.relative_to(REPO)} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_architecture_doc_lists_every_group() -> None:
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    missing = [g for g in GROUPS if f"autoscaler/{g}/" not in doc]
+    assert not missing, f"docs/architecture.md's map lacks {missing}"
