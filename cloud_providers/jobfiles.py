@@ -37,16 +37,8 @@ def read_job_file(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
     ``FileNotFoundError`` when it is absent, ``UnsafeJobFile`` when it is not a regular file (a FIFO,
     a device, a socket, a directory), is a symbolic link, or holds more than ``max_bytes``; other
     ``OSError`` as the system gives it."""
+    fd, st = _open_regular_fd(path, _FLAGS)
     try:
-        fd = os.open(path, _FLAGS)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeJobFile(f"{path} is a symbolic link (refused)") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeJobFile(f"{path} is not a regular file (refused)")
         if st.st_size > max_bytes:
             raise UnsafeJobFile(f"{path} holds {st.st_size} bytes, over the {max_bytes}-byte limit (refused)")
         chunks, left = [], max_bytes + 1
@@ -69,7 +61,13 @@ def open_regular(path: str | os.PathLike[str], *, write: bool = False) -> Binary
     regular file and not a link (a FIFO would block ``open``; a device could be read without end; a
     link could lead anywhere the user may write). Meant for logs the workers write, read in part
     (their tails): the caller bounds what it reads. ``UnsafeJobFile`` or ``OSError``."""
-    flags = (_FLAGS & ~os.O_RDONLY) | os.O_RDWR if write else _FLAGS
+    fd, _ = _open_regular_fd(path, (_FLAGS & ~os.O_RDONLY) | os.O_RDWR if write else _FLAGS)
+    return os.fdopen(fd, "r+b" if write else "rb")
+
+
+def _open_regular_fd(path: str | os.PathLike[str], flags: int) -> tuple[int, os.stat_result]:
+    """A descriptor of ``path`` (opened without following a link or blocking) and its ``fstat``, only
+    if it is a regular file; ``UnsafeJobFile`` (nothing left open) otherwise."""
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -77,12 +75,13 @@ def open_regular(path: str | os.PathLike[str], *, write: bool = False) -> Binary
             raise UnsafeJobFile(f"{path} is a symbolic link (refused)") from None
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise UnsafeJobFile(f"{path} is not a regular file (refused)")
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "r+b" if write else "rb")
+    return fd, st
 
 
 def file_key(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
