@@ -141,11 +141,44 @@ def write_controller_info(url: str, pid: int, **extra: object) -> None:
 
 
 def read_controller_info() -> dict[str, object] | None:
+    """The record in ``controller.json`` as found, live or stale (``live_controller_info``: only a live one)."""
     try:
         data = json.loads(controller_file().read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def live_controller_info() -> dict[str, object] | None:
+    """The controller record if its process still runs, else None: the only address a CLI contacts
+    without being told one (``SPOTRAIN_CONTROLLER_URL``).
+
+    Live means the recorded pid is a process of this user that has not exited (not a zombie). A
+    record left by a controller that was killed is stale, and so is one whose pid now names another
+    user's process: contacting its URL would hand this home's token to whatever listens there now,
+    perhaps another user's controller on the same port (issue 24). Checked locally, in well under a
+    millisecond, so that commands with no controller answer at once."""
+    info = read_controller_info()
+    pid = info.get("pid") if info else None
+    if info is None or not isinstance(pid, int) or pid <= 0 or not isinstance(info.get("url"), str):
+        return None
+    try:
+        os.kill(pid, 0)
+    except OSError:  # ProcessLookupError: gone; PermissionError: another user's process has the pid
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return None
+    except (OSError, IndexError):
+        pass  # no /proc (not Linux): the signal's answer stands
+    return info
+
+
+def no_controller_message() -> str:
+    """What a command that needs a controller says when this home has no live one (exit 3)."""
+    return (f"no controller is running for SPOTRAIN_HOME={home()} "
+            "(start one with `spotrain controller start --daemon`, or set SPOTRAIN_CONTROLLER_URL)")
 
 
 def logs_dir(job_id: str) -> Path:

@@ -1,4 +1,4 @@
-"""``status``, ``logs`` and ``cancel`` without a controller import nothing heavy (issue 13: < 0.5 s).
+"""``status``, ``logs``, ``cancel`` and ``attach`` without a controller import nothing heavy (issue 13: < 0.5 s).
 
 Checked on the import graph, not the clock (a timed test flakes on a loaded machine): each command
 runs in a fresh interpreter against a database holding one job, and what it imported is read from
@@ -52,7 +52,7 @@ def imported(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
 
 
 @pytest.mark.parametrize("args", [("status",), ("status", "j-1"), ("status", "--json"), ("logs", "j-1"),
-                                  ("cancel", "j-1"), ("status", "nope")])
+                                  ("cancel", "j-1"), ("status", "nope"), ("attach", "j-1")])
 def test_status_logs_and_cancel_import_nothing_heavy(one_job: str, args: tuple[str, ...]) -> None:
     r, modules = imported(*args)
     heavy = sorted(m for m in modules if m in HEAVY or m.split(".")[0] in HEAVY)
@@ -66,7 +66,9 @@ def test_status_logs_and_cancel_import_nothing_heavy(one_job: str, args: tuple[s
     elif args == ("status", "nope"):
         assert r.returncode == 5 and "no job 'nope'" in r.stderr
     elif args[0] == "cancel":
-        assert r.returncode == 3 and "none is running" in r.stderr
+        assert r.returncode == 3 and "no controller is running for SPOTRAIN_HOME=" in r.stderr
+    elif args[0] == "attach":  # an ended job, from the database (issue 24)
+        assert r.returncode == 1 and "job         j-1  (FAILED)" in r.stdout
 
 
 def test_offline_status_matches_the_controllers_summary(one_job: str) -> None:

@@ -2,16 +2,24 @@
 
 ``attach`` follows a job on whatever controller runs it (a service, or another terminal's
 ``spotrain run``) with the same live progress line as ``run``; Ctrl-C detaches and leaves the job
-running. ``resume`` asks the controller service to continue a cancelled or failed job from its last
-checkpoint (``autoscaler/server/resume.py``), starting one in the background on the local cloud if none runs.
+running. With no controller it contacts nothing (no default port): a job that has ended is shown
+from the database, as ``status`` shows it. ``resume`` asks the controller service to continue a
+cancelled or failed job from its last checkpoint (``autoscaler/server/resume.py``), starting one in
+the background on the local cloud if none runs.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, TextIO
 
 import click
+
+from ..errors import ControllerUnreachable
+
+if TYPE_CHECKING:
+    from autoscaler.client.http import Client
 
 
 @click.command("attach")
@@ -19,16 +27,18 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON on the last line when it ends.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def attach_command(job_ref: str, as_json: bool, quiet: bool) -> None:
-    """Follow JOB to its end with live progress; Ctrl-C detaches (the job keeps running)."""
-    from autoscaler.client.http import Client
-
+    """Follow JOB to its end with live progress; Ctrl-C detaches (the job keeps running). A job that
+    has ended is shown from the database when no controller runs."""
     from . import render
     from .follow import Follower, HttpSource, follow
     from .progress import make_view
 
-    client = Client()
-    job = client.job(job_ref)
     out = sys.stderr if as_json else sys.stdout
+    try:
+        client = _client()
+        job = client.job(job_ref)
+    except ControllerUnreachable as exc:
+        return _ended_from_database(job_ref, exc, out, as_json=as_json)
     view = make_view(out, t0=job.submitted_at, quiet=quiet)
     view.line_of(job.job_id, _batch_size(client, job.job_id))
     view.say(f"spotrain: attached to {job.job_id} on {client.url} (Ctrl-C detaches; the job keeps running)")
@@ -44,6 +54,37 @@ def attach_command(job_ref: str, as_json: bool, quiet: bool) -> None:
     if as_json:
         click.echo(render.as_json(final))
     if final["state"] != "SUCCEEDED":
+        sys.exit(1)
+
+
+def _client() -> Client:
+    """A client of this home's controller; ``ControllerUnreachable`` when there is none, said before
+    the HTTP client is even imported (``jobs._require_controller``)."""
+    from .jobs import _require_controller
+
+    _require_controller()
+    from autoscaler.client.http import Client
+
+    return Client()
+
+
+def _ended_from_database(job_ref: str, unreachable: ControllerUnreachable, out: TextIO, *, as_json: bool) -> None:
+    """``attach`` with no controller to follow: an ended job's outcome from the database (as
+    ``status`` and ``logs`` read it), with attach's exit status; a job still live there cannot be
+    followed, and ``unreachable`` says why (exit 3)."""
+    from . import render
+    from .follow import TERMINAL
+    from .inspect import _offline_jobs
+
+    job = _offline_jobs(job_ref)
+    if job["state"] not in TERMINAL:
+        raise ControllerUnreachable(f"{unreachable}; {job['job_id']} is {job['state']} and carries on once one runs")
+    click.echo(f"spotrain: {job['job_id']} has ended (from the database: no controller runs for this home)", file=out)
+    click.echo("", file=out)
+    click.echo(render.summary(job), file=out)
+    if as_json:
+        click.echo(render.as_json(job))
+    if job["state"] != "SUCCEEDED":
         sys.exit(1)
 
 

@@ -296,8 +296,8 @@ def status_command(as_json: bool) -> None:
 
         from ..errors import ControllerUnreachable
 
-        c = Client()
-        try:
+        try:  # a stale record (its pid gone) is not contacted: Client() says no controller runs
+            c = Client()
             h = c.healthz()
             live = c.jobs("live")
         except ControllerUnreachable:

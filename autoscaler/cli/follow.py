@@ -117,9 +117,9 @@ def service_client() -> Any | None:
     from autoscaler.client.http import Client
 
     from ..errors import ControllerUnreachable
-    from ..home import read_controller_info
+    from ..home import live_controller_info
 
-    info = read_controller_info()
+    info = live_controller_info()
     if info is None or info.get("embedded"):
         return None
     c = Client()

@@ -18,9 +18,11 @@ if TYPE_CHECKING:
 
 
 def _controller_running() -> bool:
-    from ..home import read_controller_info
+    """A live controller is recorded (a stale record of a killed one is not asked: its port may be
+    someone else's now)."""
+    from ..home import live_controller_info
 
-    return read_controller_info() is not None
+    return live_controller_info() is not None
 
 
 def _offline_jobs(job_ref: str | None, *, all_jobs: bool = False) -> Any:

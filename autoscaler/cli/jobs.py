@@ -1,4 +1,8 @@
-"""``spotrain submit`` and ``spotrain cancel``: talk to the running controller over HTTP."""
+"""``spotrain submit`` and ``spotrain cancel``: talk to the running controller over HTTP.
+
+Only to this home's live controller (or ``SPOTRAIN_CONTROLLER_URL``): without one both exit 3 with
+"no controller is running for SPOTRAIN_HOME=..." and contact nothing.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool, dr
 
     from . import render
 
-    spec, workdir = load_spec(spec_path, overrides=overrides)
+    spec, workdir = load_spec(spec_path, overrides=overrides)  # a bad spec is said first, controller or not
     job = Client().submit(spec.to_dict(), str(workdir))
     if as_json:
         click.echo(render.as_json(job.to_json_dict()))
@@ -42,13 +46,13 @@ def cancel_command(job_ref: str) -> None:
 
 
 def _require_controller() -> None:
-    """With no controller recorded (and no SPOTRAIN_CONTROLLER_URL) say so at once, before the HTTP
-    client is even imported: ``cancel`` answers in a fraction of a second either way."""
+    """With no live controller recorded (and no SPOTRAIN_CONTROLLER_URL) say so at once, before the
+    HTTP client is even imported: ``cancel`` answers in a fraction of a second either way, and no
+    default port is ever contacted (``client/http.py``'s ``controller_url``)."""
     import os
 
     from ..errors import ControllerUnreachable
-    from ..home import read_controller_info
+    from ..home import live_controller_info, no_controller_message
 
-    if not os.environ.get("SPOTRAIN_CONTROLLER_URL") and read_controller_info() is None:
-        raise ControllerUnreachable("cannot reach the controller: none is running "
-                                    "(start it with `spotrain controller start`)")
+    if not os.environ.get("SPOTRAIN_CONTROLLER_URL") and live_controller_info() is None:
+        raise ControllerUnreachable(no_controller_message())

@@ -20,11 +20,11 @@ def report_command(job_ref: str, output: str | None) -> None:
     """Write JOB's report picture: progress against the deadline, workers by market, preemptions and
     restarts, cumulative cost against on-demand."""
     from ..errors import ControllerUnreachable
-    from ..home import read_controller_info
+    from ..home import live_controller_info
 
     png: bytes | None = None
     job_id = job_ref
-    if read_controller_info() is not None:
+    if live_controller_info() is not None:
         from autoscaler.client.http import Client
 
         try:

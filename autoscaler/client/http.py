@@ -15,11 +15,10 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from autoscaler.errors import ApiError, AuthError, Conflict, ControllerUnreachable, DomainError, JobNotFound, SpotrainError
-from autoscaler.home import read_controller_info, read_token
+from autoscaler.home import live_controller_info, no_controller_message, read_token
 from autoscaler.jobs.domain import JobNameTaken, NotOwner
 from autoscaler.server.schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary
 
-DEFAULT_URL = "http://127.0.0.1:8470"
 PAGE_LIMIT = 1000  # the API's largest page (``listing.MAX_LIMIT``; not imported: it brings SQLAlchemy)
 M = TypeVar("M", bound=BaseModel)
 
@@ -30,19 +29,24 @@ _BY_NAME: dict[str, type[SpotrainError]] = {
 
 
 def controller_url() -> str:
+    """The controller this home talks to: ``SPOTRAIN_CONTROLLER_URL`` if set, else the live one
+    recorded in ``controller.json``. There is no default port: with neither, ``ControllerUnreachable``
+    says so before anything is contacted (a port such as 8470 may be another user's controller, which
+    would be handed this home's token; issue 24)."""
     env = os.environ.get("SPOTRAIN_CONTROLLER_URL")
     if env:
         return env.rstrip("/")
-    info = read_controller_info()
-    if info and isinstance(info.get("url"), str):
-        return str(info["url"]).rstrip("/")
-    return DEFAULT_URL
+    info = live_controller_info()
+    if info is None:
+        raise ControllerUnreachable(no_controller_message())
+    return str(info["url"]).rstrip("/")
 
 
 class Client:
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 10.0,
                  http: httpx.Client | None = None) -> None:
-        """``http``: a client to use instead of a new one (tests pass FastAPI's TestClient)."""
+        """``url``: the controller's (default ``controller_url()``, which raises ``ControllerUnreachable``
+        when this home has none); ``http``: a client to use instead of a new one (tests pass FastAPI's TestClient)."""
         self.url = url or (str(http.base_url).rstrip("/") if http is not None else controller_url())
         tok = token if token is not None else (os.environ.get("SPOTRAIN_TOKEN") or read_token())
         self._http = http or httpx.Client(base_url=self.url, timeout=timeout_s)
