@@ -33,7 +33,7 @@ def wait_state(job_id: str, states: set[str], timeout_s: float = 60) -> dict:
 @pytest.mark.e2e
 def test_sigkilled_controller_recovers_and_job_finishes(spotrain_home: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PW_STEPS", "200")
+    monkeypatch.setenv("PW_STEPS", "400")
     monkeypatch.setenv("PW_STEP_S", "0.05")
     ctl = start_controller(spotrain_home)
     try:
