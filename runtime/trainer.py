@@ -501,6 +501,7 @@ class ElasticTrainer:
 
     def close(self) -> None:
         self.watcher.close()
+        self.progress.flush()  # the last step reached, not the last one a throttled write caught
         try:
             if self.is_rank0:
                 self.checkpoints.wait()
