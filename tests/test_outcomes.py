@@ -85,7 +85,7 @@ def failing_gangs(w: World, code: int, *, step_of: Any = lambda attempt: 0) -> N
     (True, "checkpointed at a stop notice at step"),  # the runtime recorded the notice: the cause
 ])
 def test_a_gang_that_exits_0_at_a_notice_is_a_user_error_not_success(runtime_says: bool, cause: str) -> None:
-    """The forgotten ``sys.exit(trainer.finish())``: finish() returns 85 at the notice, the script exits 0."""
+    """The forgotten ``runtime.exit_worker(trainer.finish())``: finish() returns 85 at the notice, the script exits 0."""
     w = world(PREEMPT)
     inner, inner_progress = w.executor.status, w.executor.progress
     stopped: set[str] = set()
@@ -104,11 +104,11 @@ def test_a_gang_that_exits_0_at_a_notice_is_a_user_error_not_success(runtime_say
     w.executor.progress = progress  # type: ignore[method-assign]
     _, j = run(w)
     assert j["state"] == "FAILED", j
-    assert "sys.exit(trainer.finish())" in j["reason"] and cause in j["reason"], j["reason"]
+    assert "runtime.exit_worker(trainer.finish())" in j["reason"] and cause in j["reason"], j["reason"]
     assert j["final_model"] is None and j["step"] < j["total_steps"]
     text = render.summary(j)
     assert "saved" not in text and "result" not in text and "model " not in text
-    assert "sys.exit(trainer.finish())" in text
+    assert "runtime.exit_worker(trainer.finish())" in text
 
 
 def test_a_job_succeeds_when_the_runtime_recorded_completion() -> None:
