@@ -7,7 +7,7 @@ A plain PyTorch loop becomes::
     for step in trainer:                  # one optimizer step per iteration
         if step.epoch_end:
             trainer.report(metric=evaluate(model), metric_name="accuracy")
-    sys.exit(trainer.finish())            # 0 with final weights written, or 85 after a notice
+    runtime.exit_worker(trainer.finish()) # 0 with final weights written, or 85 after a notice
 
 ``loss_fn(model, batch) -> loss`` is called once per logical worker per step, on that worker's
 micro-batch, after seeding every generator from (seed, step, logical rank). The iterator resumes
@@ -501,6 +501,7 @@ class ElasticTrainer:
 
     def close(self) -> None:
         self.watcher.close()
+        self.progress.flush()  # the last step reached, not the last one a throttled write caught
         try:
             if self.is_rank0:
                 self.checkpoints.wait()

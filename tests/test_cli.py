@@ -32,6 +32,9 @@ BAD = {
     # A rule across two sections (a model-level check: pydantic gives it no field location).
     "workers-over-logical": (GOOD.replace("max: 2", "max: 3"), "workers.max (3) exceeds training.logical_workers (2)"),
     "infinite-work": (GOOD + "simulate: {work_gpu_hours: .inf}\n", "simulate.work_gpu_hours"),
+    # The rule in words, not the regex (issue 24, item 8).
+    "bad-name": (GOOD.replace("name: ok-job", "name: Ok_Job"),
+                 "name: 'Ok_Job' is not a valid job name: use 1 to 63 lowercase letters, digits and '-'"),
 }
 
 
@@ -47,6 +50,18 @@ def test_bad_spec_is_one_line(spotrain_home: Path, tmp_path: Path, command: str,
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("name", ["Ok_Job", "-lead", "trail-", "a" * 64, "dot.ted"])
+def test_bad_name_error_names_the_rule_not_a_regex(name: str) -> None:
+    from autoscaler.errors import SpecError
+    from autoscaler.jobs.spec import parse_spec_text
+
+    with pytest.raises(SpecError) as err:
+        parse_spec_text(GOOD.replace("name: ok-job", f"name: {name}"))
+    msg = str(err.value)
+    assert msg.startswith("spec error: name: ") and "lowercase letters, digits and '-'" in msg, msg
+    assert not any(c in msg for c in "^$[]{}"), msg  # no pattern syntax
 
 
 def test_bad_set_override_and_missing_file(spotrain_home: Path, tmp_path: Path) -> None:

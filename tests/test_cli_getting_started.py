@@ -164,3 +164,19 @@ def test_docs_cli_md_covers_every_command_option_and_exit_code() -> None:
     codes = {c.exit_code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.SpotrainError)}
     for code in codes | {0, 130}:
         assert f"\n| {code} |" in text, f"exit code {code} is not in docs/cli.md's table"
+
+
+def test_one_way_to_end_a_training_script() -> None:
+    """Issue 24, item 8: README's loop ended with ``sys.exit(trainer.finish())`` while ``spotrain init``'s
+    template used ``runtime.exit_worker(main())``. The runtime recommends ``exit_worker`` (no slow
+    teardown after a stop notice); README, docs/runtime.md, the template and every example agree."""
+    from autoscaler.cli.templates import TRAIN_PY
+
+    texts = {"README.md": (REPO / "README.md").read_text(), "docs/runtime.md": (REPO / "docs" / "runtime.md").read_text(),
+             "init template": TRAIN_PY}
+    texts.update({str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "examples").glob("*/train.py"))})
+    assert len(texts) >= 6, sorted(texts)
+    for where, text in texts.items():
+        assert "runtime.exit_worker(" in text, where
+        code_lines = [ln.strip() for ln in text.splitlines()]
+        assert not [ln for ln in code_lines if ln.startswith(("sys.exit(trainer.finish())", "sys.exit(main())"))], where

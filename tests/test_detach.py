@@ -83,6 +83,8 @@ def test_detach_attach_follow_cancel_resume(spotrain_home: Path, tmp_path: Path)
         assert done.returncode == 0, done.stderr[-2000:]
         final = json.loads(done.stdout.strip().splitlines()[-1])
         assert final["state"] == "SUCCEEDED" and final["step"] == 100
+        # README ("The job spec"): a resumed job continues in the ended job's directory, weights included.
+        assert final["final_model"].endswith(f"/{job_id}/final/model.safetensors"), final["final_model"]
         # Not a terminal: plain progress lines (with --json on stderr) naming the phase; rates and ETAs
         # are tested on a terminal (tests/test_progress_tty.py), where every poll is drawn.
         assert "  training  " in done.stderr and "\x1b" not in done.stderr, done.stderr

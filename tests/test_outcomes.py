@@ -85,7 +85,7 @@ def failing_gangs(w: World, code: int, *, step_of: Any = lambda attempt: 0) -> N
     (True, "checkpointed at a stop notice at step"),  # the runtime recorded the notice: the cause
 ])
 def test_a_gang_that_exits_0_at_a_notice_is_a_user_error_not_success(runtime_says: bool, cause: str) -> None:
-    """The forgotten ``sys.exit(trainer.finish())``: finish() returns 85 at the notice, the script exits 0."""
+    """The forgotten ``runtime.exit_worker(trainer.finish())``: finish() returns 85 at the notice, the script exits 0."""
     w = world(PREEMPT)
     inner, inner_progress = w.executor.status, w.executor.progress
     stopped: set[str] = set()
@@ -104,11 +104,11 @@ def test_a_gang_that_exits_0_at_a_notice_is_a_user_error_not_success(runtime_say
     w.executor.progress = progress  # type: ignore[method-assign]
     _, j = run(w)
     assert j["state"] == "FAILED", j
-    assert "sys.exit(trainer.finish())" in j["reason"] and cause in j["reason"], j["reason"]
+    assert "runtime.exit_worker(trainer.finish())" in j["reason"] and cause in j["reason"], j["reason"]
     assert j["final_model"] is None and j["step"] < j["total_steps"]
     text = render.summary(j)
     assert "saved" not in text and "result" not in text and "model " not in text
-    assert "sys.exit(trainer.finish())" in text
+    assert "runtime.exit_worker(trainer.finish())" in text
 
 
 def test_a_job_succeeds_when_the_runtime_recorded_completion() -> None:
@@ -158,9 +158,13 @@ def test_an_early_deterministic_failure_is_retried_once_and_shows_its_traceback(
 def test_a_failure_after_progress_gets_every_allowed_restart() -> None:
     w = world(CALM)
     failing_gangs(w, 2, step_of=lambda attempt: 10 * attempt)
-    _, j = run(w, retries=2)
+    job_id, j = run(w, retries=2)
     assert j["state"] == "FAILED" and j["attempts"] == 3 and j["restarts_on_errors"] == 2
-    assert "not retried after 2 restart(s)" in j["reason"]
+    # Issue 24, item 8: "restart 2 of 2" then "not retried after 2 restart(s)" read as a contradiction.
+    assert "failed after 2 restarts (retries.max_restarts_on_errors: 2): not retried" in j["reason"]
+    logs = job_logs(w.store, job_id)
+    assert "restarting (restart 2 of at most 2, retries.max_restarts_on_errors)" in logs, logs
+    assert "restart 2 of 2" not in logs
 
 
 def test_different_early_exit_codes_are_retried_as_usual() -> None:
@@ -174,7 +178,8 @@ def test_different_early_exit_codes_are_retried_as_usual() -> None:
 
     w.executor.status = status  # type: ignore[method-assign]
     _, j = run(w, retries=2)
-    assert j["state"] == "FAILED" and j["attempts"] == 3 and "not retried after 2 restart(s)" in j["reason"]
+    assert j["state"] == "FAILED" and j["attempts"] == 3
+    assert "failed after 2 restarts (retries.max_restarts_on_errors: 2): not retried" in j["reason"]
 
 
 def test_traceback_tail_keeps_the_last_traceback_or_the_last_lines(tmp_path: Path) -> None:

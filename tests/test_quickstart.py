@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,30 @@ QUICKSTART = REPO / "examples" / "quickstart"
 
 def last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
+
+
+def readme_snippet(marker: str) -> str:
+    """The fenced code block right after ``<!-- marker -->`` in README.md: the text users read is
+    the text the test runs."""
+    text = (REPO / "README.md").read_text()
+    after = text.split(f"<!-- {marker} -->", 1)[1]
+    assert after.lstrip().startswith("```python"), after[:80]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def load_with_readme_snippet(final_model: str) -> Any:
+    """README's three lines, run as written, with the Quickstart's module and ``final_model`` from
+    ``spotrain status JOB --json`` (issue 24, item 7)."""
+    spec = importlib.util.spec_from_file_location("quickstart_train", QUICKSTART / "train.py")
+    assert spec is not None and spec.loader is not None
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    code = readme_snippet("quickstart-load-weights")
+    assert len(code.strip().splitlines()) == 3, code
+    scope: dict[str, Any] = {"DigitsCNN": train.DigitsCNN, "final_model": final_model}
+    exec(compile(code, "README.md", "exec"), scope)
+    _, test_set = train.digits(0)
+    return train.accuracy(scope["model"], test_set)
 
 
 def tensors(uri: str) -> dict:
@@ -42,6 +68,8 @@ def test_quickstart_survives_a_preemption(spotrain_home: Path) -> None:
     # status and logs still work with no controller running.
     st = run_cli("status", job["job_id"], "--json")
     assert st.returncode == 0 and last_json(st.stdout)["state"] == "SUCCEEDED"
+    # README's loading lines give back the model that scored the job's metric.
+    assert load_with_readme_snippet(last_json(st.stdout)["final_model"]) == pytest.approx(job["metric"], abs=1e-6)
     logs = run_cli("logs", job["job_id"])
     assert logs.returncode == 0 and "test_accuracy" in logs.stdout
     # Its report picture (issue 13): a PNG, drawn from the database with no controller running.
@@ -161,3 +189,12 @@ def test_same_script_under_torchrun_and_plain_python(tmp_path: Path) -> None:
 
     assert sorted(weights["torchrun"]) == sorted(weights["python"])
     assert all(torch.equal(weights["torchrun"][k], weights["python"][k]) for k in weights["python"])
+
+
+def test_examples_extra_installs_what_the_loading_lines_import() -> None:
+    """Issue 24, item 7: README's loading lines import safetensors, which `spotrain[examples]` lacked."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.split(">")[0].split("=")[0].strip() == "safetensors" for d in extras["examples"]), extras["examples"]
+    assert "from safetensors" in readme_snippet("quickstart-load-weights")

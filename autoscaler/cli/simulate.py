@@ -123,8 +123,11 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
             click.echo(json.dumps(r.to_json(), sort_keys=True))
         else:
             fin = "unfinished" if r.finish_hours is None else f"{r.finish_hours:.2f} h"
+            # Without a deadline there is nothing to meet: "met" would claim a promise never made.
+            deadline_words = ("no deadline" if spec.objective.deadline_s is None
+                              else "deadline met" if r.deadline_met else "deadline MISSED")
             click.echo(f"{r.policy}: start {r.start_hours:.2f} h  cost ${r.cost_usd:.2f}  finish {fin}  "
-                       f"deadline {'met' if r.deadline_met else 'MISSED'}  preemptions {r.preemptions}  "
+                       f"{deadline_words}  preemptions {r.preemptions}  "
                        f"spot {r.spot_hours:.2f} h  on-demand {r.on_demand_hours:.2f} h  ({r.state})")
 
 

@@ -297,11 +297,21 @@ def gang_failed_user(ctx: Context, s: Session, job: Job, gang: list[InstanceRow]
         ctx.note(s, job, outcomes.EARLY_FAILURE, outcomes.early_failure_mark(job, code))
     if job.restarts_on_errors >= limit:
         end_job(ctx, s, job, JobState.FAILED, outcomes.with_tail(
-            f"user code failed: {what}; not retried after {job.restarts_on_errors} restart(s)", tail))
+            f"user code failed: {what}; {restarts_used(job.restarts_on_errors, limit)}", tail))
         return
     job.restarts_on_errors += 1
     ctx.transition(s, job, JobState.RECOVERING, outcomes.with_tail(
-        f"user code failed: {what}; restart {job.restarts_on_errors} of {limit}", tail))
+        f"user code failed: {what}; restarting (restart {job.restarts_on_errors} of at most {limit}, "
+        "retries.max_restarts_on_errors)", tail))
+
+
+def restarts_used(done: int, limit: int) -> str:
+    """Why a failing job is not restarted, in words that cannot read as a restart still to come
+    (issue 24, item 8: "restart 2 of 2" followed by "not retried" was read as a contradiction)."""
+    if done == 0:
+        return f"not retried (retries.max_restarts_on_errors: {limit})"
+    return (f"failed after {done} restart{'s' if done != 1 else ''} "
+            f"(retries.max_restarts_on_errors: {limit}): not retried")
 
 
 def _start_failed(ctx: Context, s: Session, job: Job, started: list[InstanceRow], exc: Exception) -> None:

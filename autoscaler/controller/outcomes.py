@@ -4,7 +4,7 @@
   final weights (written, durable, by ``ElasticTrainer.finish``) and says the planned work is done
   (``completed: true``, or ``step >= total_steps``). Workers that all exit 0 without that record are
   a user error, named with its likely cause (a script that ends with ``trainer.finish()`` instead of
-  ``sys.exit(trainer.finish())``: after a stop notice ``finish()`` returns 85 and the script exits 0).
+  ``runtime.exit_worker(trainer.finish())``: after a stop notice ``finish()`` returns 85 and the script exits 0).
 - A user-code failure carries the tail of the failing rank's log (its traceback) in the job's reason,
   after the first line: ``JobSummary`` shows the first line as ``reason`` and the rest as
   ``error_tail``; the event history (``spotrain logs``) keeps both.
@@ -52,12 +52,12 @@ def incomplete_exit_reason(job: Job, prog: Mapping[str, Any] | None) -> str:
     """The reason a job fails whose workers all exited 0 without recording completion; the runtime's
     ``stopped_at_notice`` (it checkpointed at a stop notice) makes the likely cause certain."""
     where = f"at step {job.step} of {job.total_steps}" if job.total_steps else f"at step {job.step}"
-    fix = "end the script with sys.exit(trainer.finish()), not trainer.finish()"
+    fix = "end the script with runtime.exit_worker(trainer.finish()), not trainer.finish()"
     if prog and prog.get("stopped_at_notice") is True:
         return (f"user error: the workers checkpointed at a stop notice {where} and then exited 0 instead of 85 "
                 f"(the code trainer.finish() returned): {fix}")
     return (f"user error: the workers exited 0 {where} without recording completion (no final weights): "
-            f"the script likely ends with trainer.finish() instead of sys.exit(trainer.finish()) "
+            f"the script likely ends with trainer.finish() instead of runtime.exit_worker(trainer.finish()) "
             "(after a preemption or rescale notice finish() returns 85, which must be the exit code), "
             "or it does not train through runtime.ElasticTrainer")
 

@@ -51,6 +51,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, allow_inf_nan=False)
 
 
+# A job name is a DNS label: it names cloud instances and directories.
+_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _ACCEL_RE = re.compile(r"^([A-Za-z0-9]+)(?::(\d+))?$")
 
 
@@ -225,7 +227,7 @@ def _env_value(name: str, v: Any) -> str:
 
 
 class JobSpec(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    name: str
     workdir: str = "."
     setup: str | None = None
     run: str
@@ -238,6 +240,15 @@ class JobSpec(_Strict):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     retries: Retries = Field(default_factory=Retries)
     simulate: Simulate = Field(default_factory=Simulate)
+
+    @field_validator("name")
+    @classmethod
+    def _name_rule(cls, v: str) -> str:
+        # The rule in words, not the regex (issue 24, item 8): a user should not have to read a pattern.
+        if not _NAME_RE.fullmatch(v):
+            raise ValueError(f"{_show(v)} is not a valid job name: use 1 to 63 lowercase letters, digits and '-', "
+                             "starting and ending with a letter or digit (e.g. digits-cnn)")
+        return v
 
     @field_validator("run")
     @classmethod

@@ -94,3 +94,15 @@ def test_trace_and_workload_input_errors_are_spec_errors(files, tmp_path) -> Non
     assert isinstance(r.exception, SpecError) and "line 2" in str(r.exception)
     r = CliRunner().invoke(simulate, ["--workload", str(wl), "--trace", str(files / "trace.csv"), "--starts", "3"])
     assert r.exit_code == 2 and "--workload" in r.output
+
+
+@pytest.mark.parametrize(("deadline", "shown"), [("", "no deadline"), ("objective: {deadline: 20h}\n", "deadline met")])
+def test_simulate_text_says_no_deadline_without_one(files, deadline: str, shown: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 24, item 8: a job without a deadline read "deadline met" (a promise never made)."""
+    (files / "plain.yaml").write_text(
+        "name: sim\nrun: python train.py\nresources: {accelerators: [V100:1], clouds: [aws]}\n"
+        + deadline + "simulate: {work_gpu_hours: 12}\n")
+    r = CliRunner().invoke(simulate, ["--trace", str(files / "trace.csv"), "--job", str(files / "plain.yaml"),
+                                      "--policy", "on-demand", "--start-hours", "3"])
+    assert r.exit_code == 0, r.output
+    assert shown in r.output and ("deadline met" in r.output) == bool(deadline), r.output
