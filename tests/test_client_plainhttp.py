@@ -98,6 +98,16 @@ def test_plain_http_raises_what_the_controller_raised(spotrain_home: Path, tmp_p
         assert c.recent_jobs_json(20) == [j.to_json_dict() for j in c.recent_jobs(20)]
         assert c.jobs_json("live") == [] and c.recent_jobs_json(0) == []
 
+        # `status`'s two reads (live; newest ended), sent at once on two connections, merged oldest first.
+        spec2, workdir2 = load_spec(write_pw_spec(tmp_path, name="pw2"))
+        live = c.submit(spec2.to_dict(), str(workdir2))
+        both = c.recent_jobs_json(20)
+        assert [j["job_id"] for j in both] == [job.job_id, live.job_id]
+        assert both[0] == done.to_json_dict() and [j["job_id"] for j in c.recent_jobs_json(0)] == [live.job_id]
+        with pytest.raises(AuthError, match="refused the API token"):
+            Client(srv.url, token="wrong").recent_jobs_json(20)
+        c.cancel(live.job_id)
+
 
 def test_no_controller_at_the_url_is_unreachable(spotrain_home: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
@@ -181,9 +191,9 @@ def test_odd_answers_map_as_through_httpx(spotrain_home: Path, canned: str, case
     plain = Client(canned, token=TOKEN, timeout_s=0.3)
     via_httpx = Client(token=TOKEN, http=httpx.Client(base_url=canned, timeout=0.3))
     if case in ("not-a-job-list", "no-state"):
-        calls = [lambda c: c.jobs(), lambda c: c.jobs_json()]
+        calls = [lambda c: c.jobs(), lambda c: c.jobs_json(), lambda c: c.recent_jobs_json(20)]
     else:
-        calls = [lambda c: c.job("j"), lambda c: c.job_json("j")]
+        calls = [lambda c: c.job("j"), lambda c: c.job_json("j"), lambda c: c.recent_jobs_json(20)]
     expected = {
         "not-a-job-list": "ApiError", "no-state": "ApiError", "not-json": "ApiError", "server-error": "ApiError",
         "fastapi-404": "JobNotFound", "conflict": "Conflict", "validation": "ApiError",

@@ -202,9 +202,35 @@ class Client:
 
     def recent_jobs_json(self, ended: int) -> list[dict[str, Any]]:
         """The live jobs and the ``ended`` newest ended ones, oldest first (``spotrain status``); the
-        API's JSON."""
-        live = self.jobs_json("live")
-        done = self.jobs_page_json(state="ended", limit=ended, order="newest")[0] if ended > 0 else []
+        API's JSON. Over plain HTTP the two reads go out at once on two connections: a loaded
+        controller took ~50 ms for each, most of what ``status`` waited for (issue 24)."""
+        done: list[dict[str, Any]] = []
+        if ended > 0 and self._plain is not None:
+            import copy
+            import threading
+
+            twin = copy.copy(self)
+            twin._plain = self._plain.twin()
+            failed: list[BaseException] = []
+
+            def read_ended() -> None:
+                try:
+                    done.extend(twin.jobs_page_json(state="ended", limit=ended, order="newest")[0])
+                except BaseException as exc:  # raised below, in the caller's thread
+                    failed.append(exc)
+
+            reader = threading.Thread(target=read_ended, name="spotrain-ended-jobs", daemon=True)
+            reader.start()
+            try:
+                live = self.jobs_json("live")
+            finally:
+                reader.join()
+                twin._plain.close()
+            if failed:
+                raise failed[0]
+        else:
+            live = self.jobs_json("live")
+            done = self.jobs_page_json(state="ended", limit=ended, order="newest")[0] if ended > 0 else []
         return sorted(live + done, key=lambda j: (_number(j.get("submitted_at")), j["job_id"]))
 
     def recent_jobs(self, ended: int) -> list[JobSummary]:

@@ -68,6 +68,12 @@ class PlainHttp:
         self._conn: http.client.HTTPConnection | None = None
         self.headers: dict[str, str] = {"Accept": "*/*", "User-Agent": "spotrain-cli"}
 
+    def twin(self) -> PlainHttp:
+        """Another connection to the same place with the same headers (for a request sent alongside)."""
+        other = PlainHttp(f"http://{self._host}:{self._port}{self._prefix}", timeout_s=self._timeout_s)
+        other.headers = dict(self.headers)
+        return other
+
     def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                 json: Any = None) -> PlainResponse:  # ``json``: the keyword httpx takes
         target = self._prefix + path + (("?" + urlencode(params)) if params else "")
