@@ -16,19 +16,36 @@ imported only for ``https://`` or a client handed in (tests pass FastAPI's TestC
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autoscaler.errors import ApiError, AuthError, Conflict, ControllerUnreachable, DomainError, JobNotFound, SpotrainError
 from autoscaler.home import read_controller_info, read_token
 from autoscaler.jobs.domain import JobNameTaken, NotOwner
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
     import httpx
     from pydantic import BaseModel
 
     from autoscaler.server.schemas import ErrorBody, Health, JobEvent, JobSummary
 
     from .plainhttp import PlainHttp
+
+    class _Response(Protocol):
+        """What the client reads of an answer: ``httpx.Response`` and ``plainhttp.PlainResponse`` both
+        have it (a type only: a Protocol class costs milliseconds to build at import)."""
+
+        @property
+        def status_code(self) -> int: ...
+        @property
+        def headers(self) -> Any: ...
+        @property
+        def content(self) -> bytes: ...
+        @property
+        def text(self) -> str: ...
+        def json(self) -> Any: ...
+
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 PAGE_LIMIT = 1000  # the API's largest page (``listing.MAX_LIMIT``; not imported: it brings SQLAlchemy)
@@ -38,20 +55,6 @@ M = TypeVar("M", bound="BaseModel")
 _BY_NAME: dict[str, type[SpotrainError]] = {
     cls.__name__: cls for cls in (JobNotFound, Conflict, JobNameTaken, NotOwner, DomainError)
 }
-
-
-class _Response(Protocol):
-    """What the client reads of an answer: ``httpx.Response`` and ``plainhttp.PlainResponse`` both have it."""
-
-    @property
-    def status_code(self) -> int: ...
-    @property
-    def headers(self) -> Any: ...
-    @property
-    def content(self) -> bytes: ...
-    @property
-    def text(self) -> str: ...
-    def json(self) -> Any: ...
 
 
 def controller_url() -> str:
