@@ -4,6 +4,7 @@ library (``client/plainhttp.py``), and every answer maps to the same typed error
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -77,6 +78,8 @@ def test_plain_http_raises_what_the_controller_raised(spotrain_home: Path, tmp_p
             c.job("nope")
         with pytest.raises(JobNotFound, match="no job 'nope'"):
             c.job_json("nope")
+        with pytest.raises(JobNotFound, match=re.escape("no job 'no such\\r\\nX: 1'")):  # sent percent-encoded
+            c.job_json("no such\r\nX: 1")
         with pytest.raises(AuthError, match=f"the controller at {srv.url} refused the API token"):
             Client(srv.url, token="wrong").jobs()
         with pytest.raises(ApiError, match="not an absolute directory") as bad:

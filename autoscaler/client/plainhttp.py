@@ -24,7 +24,7 @@ import json
 import select
 import socket
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 
 class TransportFailed(Exception):
@@ -90,7 +90,8 @@ class PlainHttp:
 
     def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                 json: Any = None) -> PlainResponse:  # ``json``: the keyword httpx takes
-        target = self._prefix + path + (("?" + urlencode(params)) if params else "")
+        # The path percent-encoded as httpx does (a job name with a space, or a line break, stays in it).
+        target = quote(self._prefix + path, safe="/!$&'()*+,;=:@-._~%") + (("?" + urlencode(params)) if params else "")
         headers = dict(self.headers)
         body: bytes | None = None
         if json is not None:
