@@ -1,4 +1,5 @@
-"""``status``, ``logs``, ``cancel`` and ``attach`` without a controller import nothing heavy (issue 13: < 0.5 s).
+"""``status``, ``logs``, ``cancel`` and ``attach`` without a controller import nothing heavy (issue 13: < 0.5 s),
+nor does ``status`` with one (issue 24: within 1.5x of ``--help``; no httpx, no SSL context, no pydantic).
 
 Checked on the import graph, not the clock (a timed test flakes on a loaded machine): each command
 runs in a fresh interpreter against a database holding one job, and what it imported is read from
@@ -17,9 +18,10 @@ import pytest
 
 from autoscaler.home import db_url
 from autoscaler.state import Event, Job, Store
+from support import start_controller
 
-HEAVY = {"scipy", "numpy", "torch", "pandas", "sqlalchemy", "httpx", "autoscaler.controller", "autoscaler.policy",
-         "fastapi", "yaml", "pydantic"}
+HEAVY = {"scipy", "numpy", "torch", "pandas", "sqlalchemy", "httpx", "httpcore", "trio", "anyio",
+         "autoscaler.controller", "autoscaler.policy", "fastapi", "yaml", "pydantic"}
 PROBE = """
 import atexit, json, runpy, sys
 def report():
@@ -88,3 +90,30 @@ def test_offline_status_matches_the_controllers_summary(one_job: str) -> None:
 def test_a_fresh_home_has_no_jobs(spotrain_home: Path) -> None:
     r, modules = imported("status")
     assert r.returncode == 0 and r.stdout.strip() == "no jobs" and "sqlalchemy" not in modules
+
+
+def test_status_with_a_controller_imports_nothing_heavy(one_job: str, spotrain_home: Path) -> None:
+    """``status`` asks the controller over the standard library's HTTP and prints the API's JSON as it
+    came: no httpx (its import and SSL context were ~0.8 s of a 0.47 s idle, 2-3 s loaded, status) and
+    no pydantic, yet the same JSON as the database gives."""
+    offline = imported("status", "--json")[0].stdout.strip().splitlines()[-1]
+    proc = start_controller(spotrain_home)
+    try:
+        for args in (("status",), ("status", "j-1"), ("status", "--json"), ("status", "j-1", "--json"),
+                     ("status", "--all", "--json")):
+            r, modules = imported(*args)
+            assert r.returncode == 0, (args, r.stderr[-2000:])
+            assert "autoscaler.client.plainhttp" in modules, args  # it did ask the controller
+            heavy = sorted(m for m in modules if m in HEAVY or m.split(".")[0] in HEAVY)
+            assert heavy == [], (args, heavy)
+            if args == ("status", "--json"):
+                assert json.loads(r.stdout.strip().splitlines()[-1]) == json.loads(offline)  # 0.0 == 0
+            elif args == ("status", "j-1", "--json"):
+                assert json.loads(r.stdout.strip().splitlines()[-1]) == json.loads(offline)[0]
+            else:
+                assert "j-1" in r.stdout and "FAILED" in r.stdout
+        r, _ = imported("status", "nope")
+        assert r.returncode == 5 and "no job 'nope'" in r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -7,14 +7,11 @@ that answers but refuses our token is an error, not a reason to fall back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from ..errors import ControllerUnreachable
-
-if TYPE_CHECKING:
-    from autoscaler.server.schemas import JobSummary
 
 
 def _controller_running() -> bool:
@@ -81,10 +78,9 @@ def status_command(job_ref: str | None, as_json: bool, watch: bool, all_jobs: bo
         from autoscaler.client.http import Client
 
         try:
-            c = Client()
-            found: JobSummary | list[JobSummary] = (
-                c.job(job_ref) if job_ref else c.jobs("all") if all_jobs else c.recent_jobs(render.RECENT_ENDED))
-            data = [j.to_json_dict() for j in found] if isinstance(found, list) else found.to_json_dict()
+            c = Client()  # the *_json reads: no pydantic to import (issue 24)
+            data = (c.job_json(job_ref) if job_ref else c.jobs_json("all") if all_jobs
+                    else c.recent_jobs_json(render.RECENT_ENDED))
         except ControllerUnreachable:
             data = None
     if data is None:
