@@ -16,6 +16,10 @@
     │   ├── InstanceNotYetKnown (not recorded yet: the agent retries)
     │   ├── InstanceTerminated  (terminated for good: the agent stops)
     │   └── WrongInstance       (the agent claims another instance than its decision launched)
+    ├── TransportFailed         (client/plainhttp.py: a plain-HTTP request got no answer; the client
+    │                            raises ControllerUnreachable for it)
+    ├── _NotHttp                (client/plainhttp.py: internal, an answer that is not HTTP/1.x; always
+    │                            turned into TransportFailed)
     ├── BudgetExceeded          (jobs/globmatch.py: a workdir's ignore patterns used up their matching steps)
     ├── SecretError             (home.py: the API token or another secret file is empty or unreadable)
     ├── SchemaTooNew            (state/migrate.py: the database was migrated by a newer spotrain)

@@ -26,8 +26,10 @@ import socket
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from ..errors import SpotrainError
 
-class TransportFailed(Exception):
+
+class TransportFailed(SpotrainError):
     """The request did not get an answer (refused, reset, timed out, or not HTTP)."""
 
 
@@ -38,7 +40,7 @@ class Headers(dict[str, str]):
         return super().get(name.lower(), default)
 
 
-class _NotHttp(Exception):
+class _NotHttp(SpotrainError):
     """The peer's answer is not HTTP/1.x as this reader knows it."""
 
 
