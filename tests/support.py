@@ -98,3 +98,43 @@ def agent_signer(credential: str) -> Any:
     if credential not in _SIGNERS:
         _SIGNERS[credential] = AgentSigner(credential, RequestCounter(None, credential.rpartition(":")[0]))
     return _SIGNERS[credential]
+
+
+class LiveServer:
+    """An ASGI app (the controller's API) served by uvicorn on a loopback port, in a thread: real HTTP
+    for tests of clients and of the server's own limits."""
+
+    def __init__(self, app: Any, *, keep_alive_s: float = 5) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=keep_alive_s)  # type: ignore[arg-type]
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return self
+            time.sleep(0.01)
+        raise AssertionError("the server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+    def connect(self) -> Any:
+        """A raw socket to the server (5 s timeouts), for requests no client would send."""
+        import socket
+
+        c = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        c.settimeout(5)
+        return c

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,8 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from autoscaler.client.http import Client
 from autoscaler.controller import Controller
@@ -29,34 +26,11 @@ from autoscaler.policy import get_policy
 from autoscaler.server.api import create_app
 from autoscaler.server.schemas import JobSummary
 from autoscaler.state import Store
-from support import free_port, write_pw_spec
+from support import LiveServer, free_port, write_pw_spec
 
 TOKEN = "t0ken"
 
 
-class LiveServer:
-    """An app served by uvicorn on a loopback port, in a thread."""
-
-    def __init__(self, app: FastAPI, *, keep_alive_s: float = 5) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=keep_alive_s)  # type: ignore[arg-type]
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        for _ in range(500):
-            if self.server.started:
-                return self
-            time.sleep(0.01)
-        raise AssertionError("the server did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
 
 
 def make_controller(cloud_id: str) -> Controller:

@@ -7,7 +7,6 @@ import json
 import socket
 import stat
 import sys
-import threading
 import time
 import tracemalloc
 from collections.abc import Iterator, Mapping
@@ -15,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from autoscaler.cli.main import main as cli_main
@@ -35,7 +32,7 @@ from autoscaler.state import InstanceRow, Job, Store
 from cloud_providers.local.market import HEADER, MarketTrace
 from cloud_providers.local.scenario import parse_scenario
 from cost_models.scaling import LinearScaling
-from support import agent_signer, run_cli, write_pw_spec
+from support import LiveServer, agent_signer, run_cli, write_pw_spec
 
 TOKEN = "hardening-token"
 AGENT_TOKEN = "hardening-agent-token"
@@ -152,33 +149,6 @@ def remote_ctl(spotrain_home: Path, tmp_path: Path) -> Iterator[Controller]:
     store.engine.dispose()
 
 
-class LiveServer:
-    """The controller's app served by uvicorn on a loopback port, in a thread."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                return self
-            time.sleep(0.01)
-        raise AssertionError("the server did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
-
-    def connect(self) -> socket.socket:
-        c = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-        c.settimeout(5)
-        return c
 
 
 def read_response(c: socket.socket) -> bytes:
