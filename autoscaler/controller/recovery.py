@@ -106,8 +106,15 @@ def sweep(ctx: Context, s: Session) -> None:
         job = s.get(Job, d.job_id)
         if job is not None:
             jobs.setdefault(job.job_id, job)
-    resolve_pending_decisions(ctx, s, jobs, cloud, why="after a failed launch call", grace_s=ctx.timings.decision_grace_s)
-    adopt_or_terminate_unknown(ctx, s, jobs, cloud)
+    resolved = resolve_pending_decisions(ctx, s, jobs, cloud, why="after a failed launch call",
+                                         grace_s=ctx.timings.decision_grace_s)
+    swept = adopt_or_terminate_unknown(ctx, s, jobs, cloud)
+    counts = {"adopted": resolved["adopted"] + swept["adopted"], "orphans_terminated": swept["orphans_terminated"],
+              "decisions_failed": resolved["failed"]}
+    if any(counts.values()):
+        # The same figures as recovery's line: an operator (and the chaos test) sees every orphan the
+        # controller terminated, whether the restart or a later sweep found it.
+        log.info("sweep: %s", counts)
 
 
 def _reconcile_rows(ctx: Context, s: Session, job: Job, cloud_instances: Mapping[str, Instance]) -> int:

@@ -61,6 +61,9 @@ PW_STEPS, PW_STEP_S = 100, 0.05  # 5 s of "training" per job
 NOTICE_S = 1.0  # Compute gives 30 s; the protocol worker stops at its next step
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_BUDGET", "FAILED_NO_RESOURCE"}
 RECOVERY_LINE = re.compile(r"spotrain\.recovery INFO recovery: (\{.*\})")
+# A controller that runs long enough after the orphan is planted terminates it in a periodic sweep
+# rather than at its next start: both count.
+SWEEP_LINE = re.compile(r"spotrain\.recovery INFO sweep: (\{.*\})")
 
 
 class RecordingCompute(FakeCompute):
@@ -302,7 +305,8 @@ def test_sigkill_chaos_on_the_gcp_fake(spotrain_home: Path, tmp_path: Path) -> N
         log_text = (spotrain_home / "controller.log").read_text(errors="replace")
         recoveries = [ast.literal_eval(m.group(1)) for m in RECOVERY_LINE.finditer(log_text)]
         assert fault_crashes >= 1 and adopted_unrecorded >= 1, (fault_crashes, adopted_unrecorded)
-        assert sum(r["orphans_terminated"] for r in recoveries) >= 1
+        sweeps = [ast.literal_eval(m.group(1)) for m in SWEEP_LINE.finditer(log_text)]
+        assert sum(r["orphans_terminated"] for r in [*recoveries, *sweeps]) >= 1, (recoveries, sweeps)
         gangs = gang_records(spotrain_home / "localcloud" / controller_id / "executor")
         for (job_id, attempt), members in gangs.items():
             ports = {m["master_port"] for m in members}
@@ -318,7 +322,7 @@ def test_sigkill_chaos_on_the_gcp_fake(spotrain_home: Path, tmp_path: Path) -> N
         "recoveries_completed": len(recoveries), "jobs_succeeded": sum(j["state"] == "SUCCEEDED" for j in jobs),
         "gangs_started": len(gangs), "vms_created": len(created), "decisions": sum(statuses.values()),
         "decisions_failed": statuses.get("failed", 0), "adopted_unrecorded_launches": adopted_unrecorded,
-        "orphans_terminated": sum(r["orphans_terminated"] for r in recoveries),
+        "orphans_terminated": sum(r["orphans_terminated"] for r in [*recoveries, *sweeps]),
         "preemptions": sum(j["preemptions"] for j in jobs), "vms_left": len(still_up),
         "decisions_launched_twice": len(twice), "wall_s": round(wall_s, 1),
     }
