@@ -66,7 +66,12 @@ def table_ids(text: str) -> list[str]:
     return [ln.split()[0] for ln in text.strip().splitlines()[1:]]
 
 
-def test_status_lists_live_and_10_newest_ended_and_filters_from_the_database(spotrain_home: Path) -> None:
+@pytest.mark.parametrize("driver", ["sqlite", "sqlite+pysqlite"])
+def test_status_lists_live_and_10_newest_ended_and_filters_from_the_database(
+        spotrain_home: Path, driver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sqlite:///`` is read with the standard library's sqlite3, any other URL through the Store
+    (as PostgreSQL would be): both select the same jobs."""
+    monkeypatch.setenv("SPOTRAIN_DB_URL", f"{driver}:///{spotrain_home / 'spotrain.db'}")
     done, running = add_jobs(ended=13, live=2)
     default = listed()
     assert default == done[-10:] + running  # oldest first: the 3 oldest ended ones are left out
@@ -81,6 +86,8 @@ def test_status_lists_live_and_10_newest_ended_and_filters_from_the_database(spo
     assert listed("--state", "SUCCEEDED,CANCELLED", "--all") == [j for j in done if j not in failed]
     none = run_cli("status", "--state", "PENDING", timeout=60)
     assert none.returncode == 0 and none.stdout.strip() == "no jobs in state PENDING"
+    both = run_cli("status", running[0], "--state", "RUNNING", timeout=60)
+    assert both.returncode == 2 and "not with JOB" in both.stderr and len(both.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("bad", ["BOGUS", "RUNNING,sleeping", ","])

@@ -94,6 +94,8 @@ def _offline_jobs(job_ref: str | None, *, all_jobs: bool = False, states: list[s
 def status_command(job_ref: str | None, as_json: bool, watch: bool, all_jobs: bool, state_text: str | None) -> None:
     """Show the live and recently ended jobs as a table (--all: every job), or one JOB (id or name) in detail."""
     states = parse_states(state_text)
+    if job_ref is not None and (states is not None or all_jobs):
+        raise click.UsageError("--state and --all choose jobs to list; not with JOB")
     if watch and _controller_running():
         from .follow import watch_status
 
