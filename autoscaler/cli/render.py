@@ -42,8 +42,10 @@ def workers_str(j: Mapping[str, Any], *, short: bool = False) -> str:
         return f"{len(ws)}x {where}"
     markets: dict[str, int] = {}
     for w in ws:
-        markets[str(w.get("market", ""))] = markets.get(str(w.get("market", "")), 0) + 1
-    return f"{len(ws)} workers ({', '.join(f'{n} {m}' for m, n in sorted(markets.items(), key=lambda kv: -kv[1]))})"
+        market = str(w.get("market", ""))
+        markets[market] = markets.get(market, 0) + 1
+    counts = sorted(markets.items(), key=lambda kv: (-kv[1], kv[0]))  # most first
+    return f"{len(ws)} workers ({', '.join(f'{n} {m}' for m, n in counts)})"
 
 
 def terminal_width() -> int | None:
