@@ -51,7 +51,8 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
 def test_run_on_a_tty_redraws_one_progress_line(spotrain_home: Path, tmp_path: Path) -> None:
     spec = write_pw_spec(tmp_path, name="tty", workers="{min: 1, max: 1}")
     # A 180-column terminal (COLUMNS too: pytest's own may say 80, and rich reads it first).
-    env = cli_env(spotrain_home, PW_STEPS="50", TERM="xterm-256color", COLUMNS="180", LINES="40")
+    # 120 steps (6 s): the rate is the steady one, measured after a few seconds of warming up.
+    env = cli_env(spotrain_home, PW_STEPS="120", TERM="xterm-256color", COLUMNS="180", LINES="40")
     child = pexpect.spawn(sys.executable, ["-m", "autoscaler.cli.main", "run", str(spec)], env=env, dimensions=(40, 180),
                           encoding="utf-8", timeout=60)
     child.expect(pexpect.EOF)
@@ -62,8 +63,9 @@ def test_run_on_a_tty_redraws_one_progress_line(spotrain_home: Path, tmp_path: P
     assert raw.count("\x1b[1A") + raw.count("\x1b[2K") >= 3, raw[-2000:]
     assert re.search(r"\x1b\[[0-9;]*3[0-9]m", raw), "no colour on a terminal"
     text = ANSI.sub("", raw)
-    assert re.search(r"tty-\w+  training  \d+/50 \(\d+%\)  [\d,]+ samples/s  ETA \d+:\d\d", text), text[-2000:]
+    assert re.search(r"tty-\w+  training  \d+/120 \(\d+%\)  [\d,]+ samples/s  ETA \d+:\d\d", text), text[-2000:]
     assert "starting workers" in text or "provisioning" in text
+    assert "  warming up  " in text  # between the first step and a steady rate: no ETA yet
     # Drawn in place: many draws of the training line, all on one or two lines of the terminal.
     draws = text.count("  training  ")
     assert draws >= 3 and len([line for line in text.split("\n") if "  training  " in line]) < draws / 2
@@ -73,6 +75,27 @@ def test_run_on_a_tty_redraws_one_progress_line(spotrain_home: Path, tmp_path: P
     # The embedded controller's own log went to a file under SPOTRAIN_HOME, one line per event.
     (log,) = (spotrain_home / "localcloud").glob("run-*/controller.log")
     assert re.search(r"tty-\w+ submitted", log.read_text()) and "RUNNING -> SUCCEEDED" in log.read_text()
+
+
+@pytest.mark.e2e
+def test_a_narrow_terminal_keeps_state_step_and_cost(spotrain_home: Path, tmp_path: Path) -> None:
+    """On a 60-column terminal the job's line loses its markets, preemptions and rate, never its
+    phase, step/total or cost, and is not cut at the edge (issue 24)."""
+    spec = write_pw_spec(tmp_path, name="narrow", workers="{min: 1, max: 1}")
+    env = cli_env(spotrain_home, PW_STEPS="120", TERM="xterm-256color", COLUMNS="60", LINES="40")
+    child = pexpect.spawn(sys.executable, ["-m", "autoscaler.cli.main", "run", str(spec)], env=env, dimensions=(40, 60),
+                          encoding="utf-8", timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before[-3000:]
+    text = ANSI.sub("", child.before)
+    drawn = [d.strip() for d in re.split(r"[\r\n]", text) if d.strip().startswith("narrow-")]
+    training = [d for d in drawn if "  training  " in d]
+    assert training, drawn
+    for d in drawn:
+        assert len(d) <= 60 and "\u2026" not in d and "..." not in d, d
+    for d in training:
+        assert re.fullmatch(r"narrow-\w+  training  \d+/120 \(\d+%\)  (ETA (\d+:\d\d|-)  )?\$\d+\.\d{4}", d), d
 
 
 @pytest.mark.e2e

@@ -159,17 +159,23 @@ class _EventsOnly:
         pass
 
 
-def watch_status(job_ref: str | None, *, interval_s: float = 2.0) -> None:
+def watch_status(job_ref: str | None, *, interval_s: float = 2.0, states: list[str] | None = None,
+                 all_jobs: bool = False) -> None:
     """``spotrain status --watch``: the table (or one job's line) redrawn until Ctrl-C, or until the
-    job ends when one is named."""
+    job ends when one is named; the jobs ``status`` lists (``states``, ``all_jobs``: its filters)."""
     from . import render
     from .render import RECENT_ENDED
 
     client = any_client()
     tty = sys.stdout.isatty()
     while True:
-        jobs = [client.job(job_ref).to_json_dict()] if job_ref else [j.to_json_dict() for j in client.recent_jobs(RECENT_ENDED)]
-        text = render.table(jobs) if jobs else "no jobs"
+        if job_ref:
+            jobs = [client.job_json(job_ref)]
+        elif all_jobs:
+            jobs = client.jobs_json("all" if states is None else ",".join(states))
+        else:
+            jobs = client.recent_jobs_json(RECENT_ENDED, states)
+        text = render.table(jobs, render.terminal_width()) if jobs else "no jobs"
         if tty:
             print("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S  ") + "spotrain status --watch (Ctrl-C to stop)\n" + text,
                   flush=True)

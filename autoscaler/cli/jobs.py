@@ -6,6 +6,9 @@ Only to this home's live controller (or ``SPOTRAIN_CONTROLLER_URL``): without on
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import click
 
 
@@ -35,14 +38,50 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool, dr
 
 
 @click.command("cancel")
-@click.argument("job_ref", metavar="JOB")
-def cancel_command(job_ref: str) -> None:
-    """Cancel JOB (id or name) and release its instances."""
+@click.argument("job_ref", metavar="[JOB]", required=False)
+@click.option("--all", "all_jobs", is_flag=True,
+              help="Cancel every live job of this home's controller (asks nothing; prints each).")
+def cancel_command(job_ref: str | None, all_jobs: bool) -> None:
+    """Cancel JOB (id or name), or every live job with --all, and release its instances."""
+    if (job_ref is None) == (not all_jobs):
+        raise click.UsageError("name one JOB to cancel, or --all for every live job" if job_ref is None
+                               else "name one JOB or --all, not both")
     _require_controller()
     from autoscaler.client.http import Client
 
-    job = Client().cancel(job_ref)
-    click.echo(f"{job.job_id}: {job.state.value}")
+    client = Client()
+    if job_ref is not None:
+        job = client.cancel(job_ref)
+        click.echo(f"{job.job_id}: {job.state.value}")
+        return
+    cancel_all(client)
+
+
+def cancel_all(client: Any) -> None:
+    """``cancel --all``: each live job cancelled in turn, one line each; a job another controller
+    owns (or one that ended meanwhile) is said and skipped, and makes the exit status 1."""
+    from ..errors import SpotrainError
+
+    live = client.jobs_json("live")
+    if not live:
+        click.echo("no live jobs to cancel")
+        return
+    refused = 0
+    for j in live:
+        try:
+            job = client.cancel(j["job_id"])
+        except SpotrainError as exc:
+            refused += 1
+            click.echo(f"{j['job_id']}: not cancelled: {exc}")
+            continue
+        if job.state.value == "CANCELLED":
+            click.echo(f"{job.job_id}: CANCELLED")
+        elif job.state.terminal:
+            click.echo(f"{job.job_id}: {job.state.value} (it had ended before the cancel)")
+        else:  # a standby controller records the request; the leader ends the job
+            click.echo(f"{job.job_id}: {job.state.value} (cancel requested)")
+    if refused:
+        sys.exit(1)
 
 
 def _require_controller() -> None:

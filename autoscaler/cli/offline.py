@@ -69,15 +69,28 @@ class OfflineDb:
         except sqlite3.DatabaseError as exc:
             raise _unusable(self.path, f"{type(exc).__name__}: {exc}") from None
 
-    def jobs(self, *, recent_ended: int | None = None) -> list[Row]:
+    def jobs(self, *, recent_ended: int | None = None, states: list[str] | None = None) -> list[Row]:
         """Every job, oldest first; with ``recent_ended``, the live jobs and that many of the newest
-        ended ones (``spotrain status`` without --all; the state index finds them)."""
+        ended ones (``spotrain status`` without --all; the state index finds them); with ``states``,
+        only jobs in those states (``status --state``)."""
+        picked = list(states) if states is not None else None
         if recent_ended is None:
-            return self._rows("SELECT * FROM jobs ORDER BY submitted_at, job_id")
-        ended = ", ".join(f"'{s}'" for s in _ENDED)
-        live = self._rows(f"SELECT * FROM jobs WHERE state NOT IN ({ended}) ORDER BY submitted_at, job_id")
-        done = self._rows(f"SELECT * FROM jobs WHERE state IN ({ended}) ORDER BY submitted_at DESC, job_id DESC LIMIT ?",
-                          (recent_ended,))
+            if picked is None:
+                return self._rows("SELECT * FROM jobs ORDER BY submitted_at, job_id")
+            return self._rows(f"SELECT * FROM jobs WHERE state IN ({_marks(picked)}) ORDER BY submitted_at, job_id",
+                              tuple(picked))
+        live_states = [s for s in picked if s not in _ENDED] if picked is not None else None
+        ended_states = [s for s in picked if s in _ENDED] if picked is not None else list(_ENDED)
+        live: list[Row] = []
+        if live_states is None:
+            live = self._rows(f"SELECT * FROM jobs WHERE state NOT IN ({_marks(_ENDED)}) ORDER BY submitted_at, job_id",
+                              _ENDED)
+        elif live_states:
+            live = self._rows(f"SELECT * FROM jobs WHERE state IN ({_marks(live_states)}) ORDER BY submitted_at, job_id",
+                              tuple(live_states))
+        done = self._rows(f"SELECT * FROM jobs WHERE state IN ({_marks(ended_states)}) "
+                          "ORDER BY submitted_at DESC, job_id DESC LIMIT ?",
+                          (*ended_states, recent_ended)) if ended_states and recent_ended > 0 else []
         return sorted(live + done, key=lambda r: (r.submitted_at, r.job_id))
 
     def instances_of(self, job_ids: list[str]) -> dict[str, list[Row]]:
@@ -107,7 +120,12 @@ class OfflineDb:
         return self._rows("SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,))
 
 
-def offline_summaries(url: str, job_ref: str | None, *, recent_ended: int | None = None) -> Any:
+def _marks(values: tuple[str, ...] | list[str]) -> str:
+    return ", ".join("?" * len(values))
+
+
+def offline_summaries(url: str, job_ref: str | None, *, recent_ended: int | None = None,
+                      states: list[str] | None = None) -> Any:
     """The API's JSON of ``job_ref`` (a ``JobSummary``'s fields), or the list (``OfflineDb.jobs``);
     None when ``url`` is not a SQLite file. Plain values: not even pydantic is imported."""
     path = sqlite_path(url)
@@ -117,7 +135,7 @@ def offline_summaries(url: str, job_ref: str | None, *, recent_ended: int | None
 
     db = OfflineDb(path)
     if job_ref is None:
-        jobs = db.jobs(recent_ended=recent_ended)
+        jobs = db.jobs(recent_ended=recent_ended, states=states)
         rows = db.instances_of([j.job_id for j in jobs])
         return finite_json([summary_dict(j, rows[j.job_id]) for j in jobs])
     j = db.job(job_ref)

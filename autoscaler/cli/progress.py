@@ -1,11 +1,15 @@
 """Live progress of followed jobs: one line per job, redrawn in place on a terminal (rich), or plain
 lines when the output is not a terminal (a log file, a pipe, CI).
 
-A job's line says its phase (provisioning, starting workers, restoring from step N, training,
-recovering, resizing, or its end state), step/total, samples/s, ETA, cost so far, the markets of its
-workers and its preemptions. The phase is read from the summaries the follower sees: a new gang
-attempt reports the step it restored (or 0) and is "restoring"/"starting" until its step moves.
-rich is imported by this module only, and this module only by the commands that follow a job.
+A job's line says its phase, step/total, samples/s, ETA, cost so far, the markets of its workers and
+its preemptions. The phase is read from the summaries the follower sees: provisioning; starting
+workers (the attempt has not made a step yet: processes, imports, rendezvous and the restore, with
+the checkpoint step it restores and for how long it has been at it); warming up (stepping, but not
+yet long enough to measure a steady rate); training; recovering, resizing, or the end state. The
+rate and ETA are the current attempt's steady state (``eta.py``). On a terminal the line fits its
+width: the markets, preemptions, rate and ETA go first, the phase, step/total and cost never
+(``render.fit_line``). rich is imported by this module only, and this module only by the commands
+that follow a job.
 """
 
 from __future__ import annotations
@@ -16,29 +20,9 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from . import render
+from .eta import RateEstimator, clock
 
 LIVE_STATES = {"PENDING", "PROVISIONING", "RUNNING", "RESCALING", "RECOVERING"}
-
-
-@dataclasses.dataclass
-class Rate:
-    """Steps per wall second, smoothed over the last ``window_s`` of observations."""
-
-    window_s: float = 20.0
-    points: list[tuple[float, int]] = dataclasses.field(default_factory=list)
-
-    def add(self, t: float, step: int) -> None:
-        if self.points and step < self.points[-1][1]:
-            self.points.clear()  # a restart from an older checkpoint
-        self.points.append((t, step))
-        while len(self.points) > 2 and t - self.points[0][0] > self.window_s:
-            self.points.pop(0)
-
-    def steps_per_s(self) -> float | None:
-        if len(self.points) < 2:
-            return None
-        (t0, s0), (t1, s1) = self.points[0], self.points[-1]
-        return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
 
 
 @dataclasses.dataclass
@@ -46,55 +30,61 @@ class JobLine:
     """What the line of one job needs to remember between summaries."""
 
     batch_size: int | None = None
-    # The gang attempt last seen (None: nothing seen yet), and the step it was first seen at: the
-    # step it restored. A gang already running when first seen (attach) counts as training.
-    attempt: int | None = None
-    attempt_base_step: int = 0
-    rate: Rate = dataclasses.field(default_factory=Rate)
+    rate: RateEstimator = dataclasses.field(default_factory=RateEstimator)
 
-    def phase(self, j: Mapping[str, Any]) -> str:
-        state, step = j["state"], int(j.get("step") or 0)
-        attempt = int(j.get("attempts") or 0)
-        if self.attempt is None:
-            self.attempt, self.attempt_base_step = attempt, step if attempt == 0 else -1
-        elif attempt != self.attempt:
-            self.attempt, self.attempt_base_step = attempt, step
+    def phase(self, j: Mapping[str, Any], now: float) -> tuple[str, str]:
+        """The phase (its first word picks the colour) and its short form (without the hint)."""
+        state = j["state"]
         if state not in LIVE_STATES:
-            return str(state).lower()
+            return str(state).lower(), str(state).lower()
         if state == "RECOVERING":
-            return "recovering"
+            return "recovering", "recovering"
         if state == "RESCALING":
-            return "resizing"
+            return "resizing", "resizing"
         if state in ("PENDING", "PROVISIONING") or not j.get("workers"):
-            return "provisioning"
-        if step > max(self.attempt_base_step, 0):
-            return "training"
-        if self.attempt_base_step < 0:
-            return "training" if step > 0 else "starting workers"
-        return f"restoring from step {step}" if step > 0 else "starting workers"
+            return "provisioning", "provisioning"
+        if not self.rate.started:
+            # What a restart's 14-24 s are spent on: processes, imports, rendezvous, the restore.
+            waited = f"{now - self.rate.attempt_seen_t:.0f} s"
+            ckpt = j.get("last_checkpoint_step")
+            hint = f"restore from step {ckpt}, {waited}" if ckpt else waited
+            return f"starting workers ({hint})", "starting workers"
+        if self.rate.moved is not None and self.rate.steps_per_s(now) is None:
+            return "warming up", "warming up"  # stepping, not yet long enough for a steady rate
+        return "training", "training"  # (or attached to a training job: its rate is measured from now)
 
-    def text(self, j: Mapping[str, Any], now: float) -> str:
+    def text(self, j: Mapping[str, Any], now: float, width: int | None = None) -> str:
+        """The job's line within ``width`` columns (None: every field)."""
+        return self.render(j, now, width).text
+
+    def render(self, j: Mapping[str, Any], now: float, width: int | None = None) -> Rendered:
+        """The job's line, after observing ``j`` at ``now``."""
         step = int(j.get("step") or 0)
-        self.rate.add(now, step)
-        phase = self.phase(j)
-        parts = [j["job_id"], phase, render.progress_str(j)]
-        sps = self.rate.steps_per_s() if phase == "training" else None
+        self.rate.add(now, step, int(j.get("attempts") or 0))
+        phase, short = self.phase(j, now)
+        fields = [render.Field(j["job_id"]), render.Field(phase, short=short),
+                  render.Field(render.progress_str(j), short=render.progress_str(j, percent=False))]
+        sps = self.rate.steps_per_s(now) if short == "training" else None
         if sps:
-            parts.append(f"{sps * self.batch_size:,.0f} samples/s" if self.batch_size else f"{sps:.2f} steps/s")
-            total = j.get("total_steps")
-            if total and total > step:
-                parts.append(f"ETA {_clock((total - step) / sps)}")
-        elif phase not in ("training",) and j["state"] in LIVE_STATES:
-            parts.append("ETA -")
-        parts.append(render.money(j.get("cost_usd")))
-        parts.append(_markets(j))
-        parts.append(f"{j.get('preemptions', 0)} preempted")
-        return "  ".join(parts)
+            batch = self.batch_size or j.get("batch_size")
+            fields.append(render.Field(f"{sps * batch:,.0f} samples/s" if batch else f"{sps:.2f} steps/s", drop=3))
+            eta = self.rate.eta_s(now, step, j.get("total_steps"))
+            if eta is not None:
+                fields.append(render.Field(f"ETA {clock(eta)}", drop=4))
+        elif j["state"] in LIVE_STATES:
+            fields.append(render.Field("ETA -", drop=4))
+        fields += [render.Field(render.money(j.get("cost_usd"))), render.Field(_markets(j), drop=1),
+                   render.Field(f"{j.get('preemptions', 0)} preempted", drop=2)]
+        line = render.fit_line(fields, width)
+        fields[1] = render.Field(short)
+        return Rendered(short, line, render.fit_line(fields, width))
 
 
-def _clock(seconds: float) -> str:
-    s = int(max(0, seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    phase: str  # the phase's short form ("training", "starting workers", "failed", ...)
+    text: str  # the line
+    key: str  # the line without the phase's hint (whose seconds change at each poll)
 
 
 def _markets(j: Mapping[str, Any]) -> str:
@@ -128,11 +118,11 @@ class PlainView:
 
     def job(self, j: Mapping[str, Any]) -> None:
         now = time.time()
-        text = self.line_of(j["job_id"]).text(j, now)
+        line = self.line_of(j["job_id"]).render(j, now)
         last = self._last.get(j["job_id"])
-        if last is None or (last[0] != text and now - last[1] >= 2.0):
-            self._last[j["job_id"]] = (text, now)
-            self.say(f"[{now - self.t0:6.1f}s] {text}")
+        if last is None or (last[0] != line.key and now - last[1] >= 2.0):
+            self._last[j["job_id"]] = (line.key, now)
+            self.say(f"[{now - self.t0:6.1f}s] {line.text}")
 
     def close(self) -> None:
         pass
@@ -147,8 +137,7 @@ class LiveView(PlainView):
         from rich.live import Live
 
         self.console = Console(file=out, highlight=False)
-        self._texts: dict[str, str] = {}
-        self._states: dict[str, str] = {}
+        self._lines: dict[str, Rendered] = {}
         self.live = Live(self._renderable(), console=self.console, refresh_per_second=4, transient=False,
                          redirect_stdout=False, redirect_stderr=False)
         self.live.start()
@@ -158,10 +147,9 @@ class LiveView(PlainView):
 
         colours = {"training": "green", "succeeded": "bold green", "failed": "bold red", "cancelled": "yellow"}
         out = Text(no_wrap=True, overflow="ellipsis")  # one line per job, whatever the terminal's width
-        for i, text in enumerate(self._texts.values()):
-            phase = text.split("  ")[1] if "  " in text else ""
-            style = colours.get(phase, "red" if phase.startswith("failed") else "cyan")
-            out.append(("\n" if i else "") + text, style=style)
+        for i, line in enumerate(self._lines.values()):
+            style = colours.get(line.phase, "red" if line.phase.startswith("failed") else "cyan")
+            out.append(("\n" if i else "") + line.text, style=style)
         return out
 
     def event(self, job_id: str, ts: float, what: str, reason: str) -> None:
@@ -172,7 +160,8 @@ class LiveView(PlainView):
                                markup=True, soft_wrap=True)
 
     def job(self, j: Mapping[str, Any]) -> None:
-        self._texts[j["job_id"]] = self.line_of(j["job_id"]).text(j, time.time())
+        # Within the terminal's width: what does not fit is left out, not cut at the edge.
+        self._lines[j["job_id"]] = self.line_of(j["job_id"]).render(j, time.time(), self.console.width)
         if not self.quiet:
             self.live.update(self._renderable(), refresh=True)
 
