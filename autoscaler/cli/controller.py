@@ -76,6 +76,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
                 *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])]
         url, log = start_daemon(args + agent_args())
         return click.echo(f"spotrain controller started in the background on {url} (log: {log}); "
+                          f"dashboard: {url}/ui (log in with: spotrain dashboard --open); "
                           "stop it with: spotrain controller stop")
     import uvicorn
 
@@ -127,6 +128,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
     serve_agents(agents, setup.executor)
     write_controller_info(url, os.getpid())
     _announce(ctl, f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {{db}})")
+    click.echo(f"dashboard: {url}/ui (a one-time login link: spotrain dashboard --open)", err=True)
     server = uvicorn.Server(uvicorn.Config(create_app(ctl, token), log_level="warning", lifespan="off"))
 
     def stop(signum: int, _frame: object) -> None:
