@@ -120,14 +120,20 @@ def test_dashboard_in_headless_chromium(spotrain_home: Path, tmp_path: Path) -> 
 def test_spotrain_dashboard_link_shows_output_and_cancels_in_headless_chromium(spotrain_home: Path, tmp_path: Path) -> None:
     """Issue 24, item 5: `spotrain dashboard` prints a link that logs the browser in (no token pasted);
     the job page shows the workers' output and its cancel button cancels the running job."""
-    if CHROMIUM is None:
-        pytest.skip("no Chromium installed (CI installs Debian's chromium in .ci/run)")
-    from selenium.webdriver.common.by import By
-
     ctl = start_controller(spotrain_home, env={"PW_STEPS": "4000", "PW_STEP_S": "0.05", "PW_PRINT": "1"})
     driver = None
     try:
         url = json.loads((spotrain_home / "controller.json").read_text())["url"]
+        # `controller start` says where the dashboard is, and how to log in (just after it records its URL).
+        said = f"dashboard: {url}/ui (a one-time login link: spotrain dashboard --open)"
+        deadline = time.time() + 15
+        while time.time() < deadline and said not in (spotrain_home / "controller.log").read_text():
+            time.sleep(0.1)
+        assert said in (spotrain_home / "controller.log").read_text()
+        if CHROMIUM is None:
+            pytest.skip("no Chromium installed (CI installs Debian's chromium in .ci/run)")
+        from selenium.webdriver.common.by import By
+
         r = run_cli("submit", str(write_pw_spec(tmp_path, name="dash-cancel", workers="{min: 1, max: 1}")), "--json")
         assert r.returncode == 0, r.stderr
         job_id = json.loads(r.stdout.strip().splitlines()[-1])["job_id"]

@@ -316,6 +316,20 @@ def _cancel_at_owner(owner: str, job_id: str, token: str) -> dict[str, Any] | No
     return data if isinstance(data, dict) else None
 
 
+def _install_dashboard(app: FastAPI, controller: Controller, token: str, auth: Callable[[Request], None],
+                       report_png: Callable[[str], bytes], links: LoginLinks) -> None:
+    """The dashboard's pages (``/ui``) and the API's door to them: ``POST /v1/dashboard/links``."""
+
+    @app.post("/v1/dashboard/links", dependencies=[Depends(auth)], response_model=LoginLink, responses=_refusals())
+    def dashboard_link() -> LoginLink:
+        """A one-time login link to the dashboard (``spotrain dashboard``): its path on this
+        controller, valid once within ``expires_in_s``."""
+        return LoginLink(path=f"{LINK_PATH}?t={links.issue()}", expires_in_s=links.ttl_s)
+
+    app.include_router(dashboard_router(controller, token, report_png, cancel=lambda ref: _cancel(controller, ref, token),
+                                        links=links))
+
+
 def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
                body_timeout_s: float = BODY_TIMEOUT_S, refuse_submit: str | None = None,
                login_links: LoginLinks | None = None) -> FastAPI:
@@ -388,14 +402,7 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
 
         return render_metrics(controller.store)
 
-    @app.post("/v1/dashboard/links", dependencies=[Depends(auth)], response_model=LoginLink, responses=_refusals())
-    def dashboard_link() -> LoginLink:
-        """A one-time login link to the dashboard (``spotrain dashboard``): its path on this
-        controller, valid once within ``expires_in_s``."""
-        return LoginLink(path=f"{LINK_PATH}?t={links.issue()}", expires_in_s=links.ttl_s)
-
     report_png = _install_follow_endpoints(app, controller, auth)
     app.include_router(agent_router_for(controller))
-    app.include_router(dashboard_router(controller, token, report_png, cancel=lambda ref: _cancel(controller, ref, token),
-                                        links=links))
+    _install_dashboard(app, controller, token, auth, report_png, links)
     return app

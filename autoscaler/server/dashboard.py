@@ -48,7 +48,7 @@ from autoscaler.errors import DomainError, JobNotFound
 from autoscaler.jobs.domain import JobState
 from autoscaler.server.listing import job_page
 from autoscaler.server.login_links import LoginLinks, Redeemed
-from autoscaler.state.store import ENDED_SELECTOR, LIVE_SELECTOR
+from autoscaler.state.store import ENDED_SELECTOR, LIVE_SELECTOR, Store
 
 PREFIX = "/ui"
 LOGIN_PATH = "/ui/login"
@@ -239,28 +239,8 @@ def _logged_in(token: str, target: str, body: str) -> Response:
     return page
 
 
-def dashboard_router(controller: Controller, token: str, report_png: Callable[[str], bytes], *,
-                     cancel: Callable[[str], Any], links: LoginLinks) -> APIRouter:
-    """The ``/ui`` routes. ``report_png(job_id)``: the job's picture (the API's own renderer);
-    ``cancel(job_ref)``: the API's cancel (it asks a ``spotrain run`` that owns the job); ``links``:
-    the one-time login links ``POST /v1/dashboard/links`` issues."""
-    router = APIRouter(include_in_schema=False)
-    store = controller.store
-
-    @router.get(PREFIX)
-    def jobs_page(request: Request, older: int = 0) -> Response:
-        """Live jobs and a page of ended ones (``older``: ended jobs skipped, the newest first): a
-        fixed number of queries however many jobs ended (``server/listing.py``)."""
-        older = max(0, older)
-        with store.session() as s:
-            live = job_page(store, s, state=LIVE_SELECTOR, limit=1000)
-            ended = job_page(store, s, state=ENDED_SELECTOR, limit=RECENT_ENDED, offset=older, order="newest")
-        jobs = [j.to_json_dict() for j in live.jobs] + [j.to_json_dict() for j in reversed(ended.jobs)]
-        jobs.sort(key=lambda j: j["submitted_at"])
-        csrf = _csrf_of(request.headers.get("cookie", ""))
-        body = (f"<h1>Jobs</h1>{_jobs_table(jobs)}{_older_link(older, ended.next_offset is not None)}"
-                f"<p>{live.total} live, {ended.total} ended</p>{_logout_form(csrf)}")
-        return _with_csrf(_page("spotrain jobs", body, refresh_s=10 if live.jobs else None), csrf)
+def _add_job_routes(router: APIRouter, store: Store, cancel: Callable[[str], Any]) -> None:
+    """One job's page, and its cancel: a confirmation page, then the POST (with the CSRF token)."""
 
     def job_of(ref: str) -> tuple[dict[str, Any], list[Any]]:
         with store.session() as s:
@@ -308,6 +288,32 @@ def dashboard_router(controller: Controller, token: str, report_png: Callable[[s
             return _page("spotrain cancel", body, status_code=409)
         note = "ended" if JobState(j["state"]).terminal else "cancelled"
         return secured(RedirectResponse(f"{PREFIX}/jobs/{quote(j['job_id'])}?note={note}", status_code=303))
+
+
+def dashboard_router(controller: Controller, token: str, report_png: Callable[[str], bytes], *,
+                     cancel: Callable[[str], Any], links: LoginLinks) -> APIRouter:
+    """The ``/ui`` routes. ``report_png(job_id)``: the job's picture (the API's own renderer);
+    ``cancel(job_ref)``: the API's cancel (it asks a ``spotrain run`` that owns the job); ``links``:
+    the one-time login links ``POST /v1/dashboard/links`` issues."""
+    router = APIRouter(include_in_schema=False)
+    store = controller.store
+
+    @router.get(PREFIX)
+    def jobs_page(request: Request, older: int = 0) -> Response:
+        """Live jobs and a page of ended ones (``older``: ended jobs skipped, the newest first): a
+        fixed number of queries however many jobs ended (``server/listing.py``)."""
+        older = max(0, older)
+        with store.session() as s:
+            live = job_page(store, s, state=LIVE_SELECTOR, limit=1000)
+            ended = job_page(store, s, state=ENDED_SELECTOR, limit=RECENT_ENDED, offset=older, order="newest")
+        jobs = [j.to_json_dict() for j in live.jobs] + [j.to_json_dict() for j in reversed(ended.jobs)]
+        jobs.sort(key=lambda j: j["submitted_at"])
+        csrf = _csrf_of(request.headers.get("cookie", ""))
+        body = (f"<h1>Jobs</h1>{_jobs_table(jobs)}{_older_link(older, ended.next_offset is not None)}"
+                f"<p>{live.total} live, {ended.total} ended</p>{_logout_form(csrf)}")
+        return _with_csrf(_page("spotrain jobs", body, refresh_s=10 if live.jobs else None), csrf)
+
+    _add_job_routes(router, store, cancel)
 
     @router.get(LINK_PATH)
     def login_link(t: str = "") -> Response:
