@@ -11,6 +11,7 @@ the budget, or not done within the horizon) and the share that met the deadline.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import click
@@ -21,7 +22,17 @@ from ..simulator import make_sim_job
 from ..simulator.engine import SimJob
 from ..simulator.jobs import restart_overhead_from_measurements
 from ..simulator.measured import MeasuredRun
-from .estimate_range import LOCAL_START_S, calibrated_job, measured_runs_of, print_estimate, summarize, with_release, work_source
+from .estimate_range import (
+    LOCAL_START_S,
+    Z80,
+    calibrated_job,
+    measured_runs_of,
+    print_estimate,
+    speed_sd,
+    summarize,
+    with_release,
+    work_source,
+)
 from .params import NON_NEGATIVE, SEED, STARTS, policy_params_option, read_policy_params
 from .simulate import load_trace, random_starts, run_many
 
@@ -67,12 +78,15 @@ def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_
         sims = run_many(trace, job, "spotrain", mine, params=params, min_billed_s=min_billed_seconds) if mine else []
         results += with_release(sims, calib[i] if calib else None)
     # What the local cloud charges from its own start (``spotrain run`` replays the market from trace
-    # time 0), at the slowest and fastest speed each earlier run measured.
-    local_jobs: list[tuple[MeasuredRun | None, SimJob]] = [(m, calibrated_job(base, trace, m, v, given_d)) for m in calib
-                  for v in (m.slowest_s_per_step, m.fastest_s_per_step)] or [(None, base)]
+    # time 0), at the slowest and fastest speed each earlier run measured, each stretched by how much
+    # this machine's speed varies between runs (``speed_sd``).
+    sd = speed_sd(calib)
+    local_jobs: list[tuple[MeasuredRun | None, SimJob]] = [
+        (m, calibrated_job(base, trace, m, v, given_d)) for m in calib
+        for v in (m.slowest_s_per_step * math.exp(Z80 * sd), m.fastest_s_per_step * math.exp(-Z80 * sd))] or [(None, base)]
     local = [with_release(run_many(trace, job, "spotrain", [LOCAL_START_S], params=params,
                                    min_billed_s=min_billed_seconds), m)[0] for m, job in local_jobs]
-    out = summarize(spec, results, local, variants, calib, source, min_billed_seconds)
+    out = summarize(spec, results, local, variants, calib, source, min_billed_seconds, sd)
     if as_json:
         click.echo(json.dumps(out, sort_keys=True))
         return

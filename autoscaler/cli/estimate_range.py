@@ -11,7 +11,9 @@ the spread over market start times. Now:
 - **the range** is the 10th-90th percentile over the simulated market start times (each measured run
   taking its share), widened to include what the local cloud charges from its own start (``spotrain
   run`` replays the market from trace time 0) at the slowest and at the fastest speed an attempt of
-  each measured run had: "80 % of runs should cost between ..." on this machine class;
+  each measured run had, stretched by how much the machine's speed varies between runs (``speed_sd``:
+  measured across runs, and at least ``MIN_SPEED_SD`` until three runs measured it): "80 % of runs
+  should cost between ..." on this machine class;
 - what the instances stay billed after the workers exit (measured: the processes ending, the
   controller releasing them) is added to each simulated run at its own price;
 - billing is per second with at least ``--min-billed-seconds`` a launch, as the cloud bills.
@@ -23,6 +25,7 @@ fell from the range estimated before it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import click
@@ -35,6 +38,12 @@ from ..simulator.measured import MeasuredRun
 
 LOCAL_START_S = 0.0  # the local cloud replays the market from the trace's start (``LocalProvider``)
 SHARE = "80%"  # of runs inside the reported range: its 10th-90th percentile
+Z80 = 1.2816  # the standard normal's 90th percentile: a 10th-90th percentile range is +-Z80 sd
+# How much a machine's speed varies between runs (sd of log seconds per step) until enough runs have
+# measured it: a shared 2-core machine's runs of the Quickstart took 34-84 s in one benchmark
+# (benchmarks/estimate_accuracy.py); a dedicated machine measures less once MEASURED_FOR_SPREAD runs exist.
+MIN_SPEED_SD = 0.25
+MEASURED_FOR_SPREAD = 3
 
 
 def measured_runs_of(name: str) -> list[MeasuredRun]:
@@ -54,13 +63,15 @@ def measured_runs_of(name: str) -> list[MeasuredRun]:
 
 def calibrated_job(base: SimJob, trace: Any, run: MeasuredRun, s_per_step: float, given_d: float | None) -> SimJob:
     """``base`` with the work ``run`` measured at ``s_per_step`` market seconds a step (converted to
-    reference GPU-seconds at the gang it ran on) and its start-up/restart overhead (unless given)."""
+    reference GPU-seconds at the gang it ran on) and its start-up/restart overhead (unless given),
+    scaled as the step time is: a machine that steps slower also starts slower (imports, restore)."""
     accel, _, gpus = run.offering_key.rsplit("/", 1)[-1].partition(":")
     per_node = int(gpus) if gpus.isdigit() and int(gpus) > 0 else 1
     rate = accelerator_speed(accel) * base.scaling.speedup(run.world_size, per_node)
     work_gpu_hours = run.total_steps * s_per_step * rate / 3600.0
     spec = base.spec.model_copy(update={"simulate": base.spec.simulate.model_copy(update={"work_gpu_hours": work_gpu_hours})})
-    return dataclasses.replace(base, spec=spec, restart_overhead_s=run.overhead_s if given_d is None else given_d)
+    d = run.overhead_s * s_per_step / run.s_per_step if given_d is None else given_d
+    return dataclasses.replace(base, spec=spec, restart_overhead_s=d)
 
 
 def with_release(results: list[SimResult], run: MeasuredRun | None) -> list[SimResult]:
@@ -76,6 +87,14 @@ def with_release(results: list[SimResult], run: MeasuredRun | None) -> list[SimR
     return out
 
 
+def speed_sd(calib: list[MeasuredRun]) -> float:
+    """The spread (sd of log seconds per step) of this machine's speed between runs: measured over
+    the runs' attempts, and at least ``MIN_SPEED_SD`` until ``MEASURED_FOR_SPREAD`` runs measured it."""
+    logs = [math.log(x) for m in calib for x in {m.s_per_step, m.fastest_s_per_step, m.slowest_s_per_step} if x > 0]
+    measured = float(np.std(logs, ddof=1)) if len(logs) >= 2 else 0.0
+    return measured if len(calib) >= MEASURED_FOR_SPREAD else max(MIN_SPEED_SD, measured)
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """Median and 10th/90th percentiles of ``values``."""
     a = np.array(values, dtype=float)
@@ -83,7 +102,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def summarize(spec: Any, results: list[SimResult], local: list[SimResult], variants: list[SimJob],
-              calib: list[MeasuredRun], source: str, min_billed_s: float) -> dict[str, Any]:
+              calib: list[MeasuredRun], source: str, min_billed_s: float, sd: float) -> dict[str, Any]:
     """The estimate's JSON (``spotrain estimate --json``)."""
     done = [r for r in results if r.state == "SUCCEEDED"]
     # Cost over the runs that finished (a run stopped by its budget spends less and says nothing of
@@ -109,6 +128,7 @@ def summarize(spec: Any, results: list[SimResult], local: list[SimResult], varia
         "on_demand_equivalent_usd": float(np.median([r.on_demand_cost_usd for r in results])),
         "restart_overhead_s": float(np.median([v.restart_overhead_s for v in variants])),
         "min_billed_s": min_billed_s,
+        "speed_sd": sd,
         "work_gpu_hours": work,
         "work_gpu_hours_source": "measured" if calib else source,
         "calibration": None if not calib else {
@@ -126,9 +146,11 @@ def print_estimate(spec: Any, out: dict[str, Any], starts: int) -> None:
     c, rng, calib = out["cost_usd"], out["range_usd"], out["calibration"]
     click.echo(f"{spec.name}: cost ${c['median']:.2f}; {SHARE} of runs should cost between ${rng['low']:.2f} and "
                f"${rng['high']:.2f}")
+    vary = math.exp(Z80 * out["speed_sd"]) - 1
     click.echo(f"(the range: 10th-90th percentile over {starts} simulated market start times, widened to what the "
-               "local cloud charges from its own start at the slowest and fastest measured speed; billed per second, "
-               f"at least {out['min_billed_s']:g} s a launch)")
+               "local cloud charges from its own start at the slowest and fastest measured speed"
+               + (f" give or take {vary:.0%} (how this machine's speed varies between runs)" if calib else "")
+               + f"; billed per second, at least {out['min_billed_s']:g} s a launch)")
     if calib:
         n = len(calib["job_ids"])
         click.echo(f"calibrated with {n} earlier run(s) of {spec.name} here (measured: "
