@@ -102,8 +102,12 @@ def secured(resp: Response) -> Response:
     return resp
 
 
-def _page(title: str, body: str, *, refresh_s: int | None = None, status_code: int = 200) -> HTMLResponse:
+def _page(title: str, body: str, *, refresh_s: int | None = None, status_code: int = 200,
+          go_to: str | None = None) -> HTMLResponse:
+    """A page; ``refresh_s``: reload it that often; ``go_to``: move on to that path at once."""
     meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    if go_to is not None:
+        meta = f'<meta http-equiv="refresh" content="0; url={html.escape(go_to)}">'
     page = HTMLResponse(f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>{meta}'
                         f"<style>{_STYLE}</style></head><body>{body}</body></html>", status_code=status_code)
     secured(page)
@@ -234,7 +238,7 @@ def _logged_in(token: str, target: str, body: str) -> Response:
     """A page that sets the session cookie and moves on to ``target`` (a meta refresh, not a
     redirect: a navigation started on this page is same-site, so the SameSite=Strict cookie goes
     with it even when the link was opened from another site)."""
-    page = _page("spotrain", body + f'<meta http-equiv="refresh" content="0; url={html.escape(target)}">')
+    page = _page("spotrain", body, go_to=target)
     page.set_cookie(COOKIE, token, httponly=True, samesite="strict", path=PREFIX)
     return page
 
