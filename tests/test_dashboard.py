@@ -114,3 +114,75 @@ def test_dashboard_in_headless_chromium(spotrain_home: Path, tmp_path: Path) -> 
             driver.quit()
         ctl.terminate()
         ctl.wait(timeout=30)
+
+
+@pytest.mark.e2e
+def test_spotrain_dashboard_link_shows_output_and_cancels_in_headless_chromium(spotrain_home: Path, tmp_path: Path) -> None:
+    """Issue 24, item 5: `spotrain dashboard` prints a link that logs the browser in (no token pasted);
+    the job page shows the workers' output and its cancel button cancels the running job."""
+    ctl = start_controller(spotrain_home, env={"PW_STEPS": "4000", "PW_STEP_S": "0.05", "PW_PRINT": "1"})
+    driver = None
+    try:
+        url = json.loads((spotrain_home / "controller.json").read_text())["url"]
+        # `controller start` says where the dashboard is, and how to log in (just after it records its URL).
+        said = f"dashboard: {url}/ui (a one-time login link: spotrain dashboard --open)"
+        deadline = time.time() + 15
+        while time.time() < deadline and said not in (spotrain_home / "controller.log").read_text():
+            time.sleep(0.1)
+        assert said in (spotrain_home / "controller.log").read_text()
+        if CHROMIUM is None:
+            pytest.skip("no Chromium installed (CI installs Debian's chromium in .ci/run)")
+        from selenium.webdriver.common.by import By
+
+        r = run_cli("submit", str(write_pw_spec(tmp_path, name="dash-cancel", workers="{min: 1, max: 1}")), "--json")
+        assert r.returncode == 0, r.stderr
+        job_id = json.loads(r.stdout.strip().splitlines()[-1])["job_id"]
+        deadline = time.time() + 40  # running, and rank 0 has printed a few steps
+        while time.time() < deadline:
+            st = json.loads(run_cli("status", job_id, "--json").stdout.strip().splitlines()[-1])
+            if st["state"] == "RUNNING" and (st.get("step") or 0) >= 3:
+                break
+            time.sleep(0.3)
+        assert st["state"] == "RUNNING", st
+        link = run_cli("dashboard")
+        assert link.returncode == 0, link.stderr
+        login_url = link.stdout.strip().splitlines()[-1]
+        assert login_url.startswith(url + "/ui/link?t="), link.stdout
+        assert "one-time" in link.stderr
+
+        driver = chrome(tmp_path)
+        driver.set_page_load_timeout(30)
+        driver.get(login_url)  # the link alone logs in: no token pasted anywhere
+        deadline = time.time() + 15
+        while time.time() < deadline and not driver.find_elements(By.ID, "jobs"):
+            time.sleep(0.1)
+        assert driver.current_url.rstrip("/").endswith("/ui"), driver.page_source[-500:]
+        rows = driver.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
+        assert [row.find_element(By.TAG_NAME, "a").text for row in rows] == [job_id]
+        rows[0].find_element(By.TAG_NAME, "a").click()
+        assert job_id in driver.find_element(By.TAG_NAME, "h1").text
+        output = driver.find_element(By.ID, "output").text
+        assert re.search(r"rank 0: step \d+ of 4000", output), output[-500:]
+        driver.find_element(By.ID, "cancel").click()
+        driver.find_element(By.ID, "confirm-cancel").click()  # the confirmation page's POST, with its CSRF token
+        assert "cancelling" in driver.find_element(By.ID, "note").text
+        assert driver.current_url.endswith(f"/ui/jobs/{job_id}?note=cancelled")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            st = json.loads(run_cli("status", job_id, "--json").stdout.strip().splitlines()[-1])
+            if st["state"] == "CANCELLED":
+                break
+            time.sleep(0.3)
+        assert st["state"] == "CANCELLED" and st["step"] < 4000, st
+        driver.refresh()
+        assert "CANCELLED" in driver.find_element(By.ID, "facts").text
+        assert not driver.find_elements(By.ID, "cancel")  # nothing left to cancel
+        # The link was used up: opened again (a second browser, or the first after logout) it says so.
+        driver.delete_all_cookies()
+        driver.get(login_url)
+        assert "already used" in driver.find_element(By.ID, "link-refused").text
+    finally:
+        if driver is not None:
+            driver.quit()
+        ctl.terminate()
+        ctl.wait(timeout=30)

@@ -76,6 +76,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
                 *(["--policy-params", os.path.abspath(policy_params)] if policy_params else [])]
         url, log = start_daemon(args + agent_args())
         return click.echo(f"spotrain controller started in the background on {url} (log: {log}); "
+                          f"dashboard: {url}/ui (log in with: spotrain dashboard --open); "
                           "stop it with: spotrain controller stop")
     import uvicorn
 
@@ -126,7 +127,7 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"{cloud}: recovery could not reach the cloud: {exc}") from None
     serve_agents(agents, setup.executor)
     write_controller_info(url, os.getpid())
-    _announce(ctl, f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {{db}})")
+    _announce(ctl, f"spotrain controller {cid} on {url} (cloud {cloud}, executor {executor}, db {{db}})", url)
     server = uvicorn.Server(uvicorn.Config(create_app(ctl, token), log_level="warning", lifespan="off"))
 
     def stop(signum: int, _frame: object) -> None:
@@ -166,10 +167,11 @@ def _leased_controller(store: Any, setup: Any, params: Any, cid: str, tick_s: fl
                       on_lead=on_lead if rebuild is not None else None)
 
 
-def _announce(ctl: Any, line: str) -> None:
-    """Say on stderr what runs (``{db}`` in ``line``: the database's URL, without a password) and
-    whether it leads its fleet or stands by."""
+def _announce(ctl: Any, line: str, url: str) -> None:
+    """Say on stderr what runs (``{db}`` in ``line``: the database's URL, without a password), where
+    its dashboard is (issue 24: users did not find it) and whether it leads its fleet or stands by."""
     click.echo(line.replace("{db}", ctl.store.engine.url.render_as_string(hide_password=True)), err=True)
+    click.echo(f"dashboard: {url}/ui (a one-time login link: spotrain dashboard --open)", err=True)
     lease = ctl.lease
     if lease is not None and not ctl.leading():
         click.echo(f"standby: fleet {ctl.controller_id} is led by {lease.leader.get('url') or 'another controller'}; "

@@ -2,24 +2,37 @@
 
 It runs the controller with the spotrain policy on a virtual clock over the market trace (the
 simulator is the controller: budget guard, minimum bills and back-off included) from many seeded
-start times and reports the median
-and the 10th-90th percentile range of cost and finish time over the runs that finished, the share
-that did not (stopped by the budget, or not done within the horizon) and the share that met the
-deadline: the same numbers ``spotrain simulate --starts N`` would give one by one.
+start times and reports the median and the range 80 % of runs should cost within (what it is made
+of, and the calibration with this home's earlier runs of the job: ``estimate_range.py``), the
+finish times' 10th-90th percentiles over the runs that finished, the share that did not (stopped by
+the budget, or not done within the horizon) and the share that met the deadline.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
 
 import click
-import numpy as np
 
 from autoscaler.jobs.spec import load_spec
 
 from ..simulator import make_sim_job
+from ..simulator.engine import SimJob
+from ..simulator.jobs import restart_overhead_from_measurements
+from ..simulator.measured import MeasuredRun
+from .estimate_range import (
+    LOCAL_START_S,
+    Z80,
+    calibrated_job,
+    measured_runs_of,
+    print_estimate,
+    speed_sd,
+    summarize,
+    with_release,
+    work_source,
+)
 from .params import NON_NEGATIVE, SEED, STARTS, policy_params_option, read_policy_params
 from .simulate import load_trace, random_starts, run_many
 
@@ -34,82 +47,47 @@ from .simulate import load_trace, random_starts, run_many
 @click.option("--checkpoint-seconds", type=NON_NEGATIVE, default=None, help="Measured checkpoint save time.")
 @click.option("--restore-seconds", type=NON_NEGATIVE, default=None, help="Measured restart + restore time.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--min-billed-seconds", type=NON_NEGATIVE, default=0.0, show_default=True,
+              help="The least a cloud bills a launch (the local cloud: 0, or its scenario's min_billed; EC2/GCE: 60).")
+@click.option("--measured/--no-measured", default=True, show_default=True,
+              help="Calibrate with this home's finished runs of the job (their measured speed, start-up and restart "
+                   "times); ignored with --set simulate.work_gpu_hours.")
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True)
 @policy_params_option
 def command(spec_path: str, trace_path: str | None, runs: int, restart_overhead_hours: float | None,
-            checkpoint_seconds: float | None, restore_seconds: float | None, seed: int,
-            overrides: tuple[str, ...], as_json: bool, policy_params: str | None) -> None:
-    """Predict the cost and finish time of SPEC (median and 10-90 % range) with the spotrain policy."""
+            checkpoint_seconds: float | None, restore_seconds: float | None, seed: int, min_billed_seconds: float,
+            measured: bool, overrides: tuple[str, ...], as_json: bool, policy_params: str | None) -> None:
+    """Predict the cost and finish time of SPEC (median and the range 80 % of runs fall in) with the
+    spotrain policy, calibrated with this home's earlier runs of the job when there are any."""
     params = read_policy_params(policy_params)
     spec, _ = load_spec(spec_path, overrides=overrides)
     trace = load_trace(trace_path)
-    job = make_sim_job(spec, spec_dir=Path(spec_path).resolve().parent,
-                       restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
-                       checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
-    results = run_many(trace, job, "spotrain", random_starts(trace, job, runs, seed), params=params)
-    done = [r for r in results if r.state == "SUCCEEDED"]
-    # Cost over the runs that finished (a run stopped by its budget spends less and says nothing of
-    # what finishing costs); the share that did not finish is reported beside it.
-    cost = np.array([r.cost_usd for r in (done or results)])
-    fin = np.array([r.finish_hours for r in done])
-    od = np.array([r.on_demand_cost_usd for r in results])
-    c = _spread(cost)
-    f = None if fin.size == 0 else _spread(fin)
-    d = None if spec.objective.deadline_s is None else spec.objective.deadline_s / 3600
-    failed_budget_share = float(np.mean([r.state == "FAILED_BUDGET" for r in results]))
-    deadline_met_share = float(np.mean([r.deadline_met for r in results]))
-    out = {
-        "name": spec.name,
-        "runs": len(results),
-        "cost_usd": c,
-        "finish_hours": f,
-        "deadline_hours": d,
-        "deadline_met_share": deadline_met_share,
-        "budget_usd": spec.objective.budget_usd,
-        "failed_budget_share": failed_budget_share,
-        "finished_share": float(len(done) / len(results)),
-        "on_demand_equivalent_usd": float(np.median(od)),
-        "restart_overhead_s": job.restart_overhead_s,
-        "work_gpu_hours": spec.simulate.work_gpu_hours,
-        "work_gpu_hours_source": work_source(spec, overrides),
-    }
+    source = work_source(spec, overrides)
+    calib = measured_runs_of(spec.name) if measured and source != "--set" else []
+    given_d = None if restart_overhead_hours is None else restart_overhead_hours * 3600
+    if given_d is None and (checkpoint_seconds is not None or restore_seconds is not None):
+        given_d = restart_overhead_from_measurements(checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
+    spec_dir = Path(spec_path).resolve().parent
+    base = make_sim_job(spec, spec_dir=spec_dir, restart_overhead_s=given_d, checkpoint_save_s=checkpoint_seconds)
+    variants = [calibrated_job(base, trace, m, m.s_per_step, given_d) for m in calib] or [base]
+    starts = random_starts(trace, variants[0], runs, seed)
+    results = []
+    for i, job in enumerate(variants):  # the start times shared out among the measured runs
+        mine = starts[i::len(variants)]
+        sims = run_many(trace, job, "spotrain", mine, params=params, min_billed_s=min_billed_seconds) if mine else []
+        results += with_release(sims, calib[i] if calib else None)
+    # What the local cloud charges from its own start (``spotrain run`` replays the market from trace
+    # time 0), at the slowest and fastest speed each earlier run measured, each stretched by how much
+    # this machine's speed varies between runs (``speed_sd``).
+    sd = speed_sd(calib)
+    local_jobs: list[tuple[MeasuredRun | None, SimJob]] = [
+        (m, calibrated_job(base, trace, m, v, given_d)) for m in calib
+        for v in (m.slowest_s_per_step * math.exp(Z80 * sd), m.fastest_s_per_step * math.exp(-Z80 * sd))] or [(None, base)]
+    local = [with_release(run_many(trace, job, "spotrain", [LOCAL_START_S], params=params,
+                                   min_billed_s=min_billed_seconds), m)[0] for m, job in local_jobs]
+    out = summarize(spec, results, local, variants, calib, source, min_billed_seconds, sd)
     if as_json:
         click.echo(json.dumps(out, sort_keys=True))
         return
-    click.echo(f"{spec.name}: cost ${c['median']:.2f} (range ${c['p10']:.2f}-${c['p90']:.2f}) "
-               f"over {len(results)} simulated starts, restart overhead {job.restart_overhead_s / 60:.1f} min")
-    click.echo(work_line(spec.simulate.work_gpu_hours, str(out["work_gpu_hours_source"])))
-    if len(done) < len(results):
-        click.echo(f"{len(results) - len(done)} of {len(results)} runs did not finish "
-                   f"({failed_budget_share:.0%} stopped by the budget); "
-                   + ("the cost range is over the runs that did" if done else "the cost range is what they spent"))
-    if f is None:
-        click.echo("finish: never within the simulated horizon")
-    else:
-        click.echo(f"finish: {f['median']:.2f} h of wall-clock (market) time after submission "
-                   f"(range {f['p10']:.2f}-{f['p90']:.2f} h)")
-    click.echo("deadline: none" if d is None else f"deadline {d:g} h: met in {deadline_met_share:.0%} of runs")
-    if spec.objective.budget_usd is not None:
-        click.echo(f"budget ${spec.objective.budget_usd:g}: {failed_budget_share:.0%} of runs would stop FAILED_BUDGET")
-    click.echo("(median, and 10th-90th percentile range over the simulated starts)")
-
-
-def work_source(spec: Any, overrides: tuple[str, ...]) -> str:
-    """Where ``simulate.work_gpu_hours`` came from: ``--set``, ``spec`` or ``default``."""
-    if any(o.replace(" ", "").startswith("simulate.work_gpu_hours=") for o in overrides):
-        return "--set"
-    return "spec" if "work_gpu_hours" in spec.simulate.model_fields_set else "default"
-
-
-def work_line(hours: float, source: str) -> str:
-    where = {"--set": "from --set simulate.work_gpu_hours",
-             "spec": "from the spec's simulate.work_gpu_hours",
-             "default": "the default: the spec sets no simulate.work_gpu_hours; measure your job and set it"}[source]
-    return f"work: {hours:g} GPU-hours on one reference GPU ({where})"
-
-
-def _spread(values: np.ndarray[Any, np.dtype[np.float64]]) -> dict[str, float]:
-    """Median and 10th/90th percentiles of ``values``: the range the command reports."""
-    return {"median": float(np.median(values)), "p10": float(np.percentile(values, 10)),
-            "p90": float(np.percentile(values, 90))}
+    print_estimate(spec, out, len(starts))

@@ -27,6 +27,7 @@ COMMANDS = {
     "simulate": ("autoscaler.cli.simulate", "Replay a market trace with a policy in virtual time."),
     "tune": ("autoscaler.cli.tune",
              "Tune the policy's parameters on a market trace (Optuna); report them on its held-back part."),
+    "dashboard": ("autoscaler.cli.dashboard", "Print (--open: open) a one-time login link to the controller's dashboard."),
     "report": ("autoscaler.cli.report", "Write a job's report picture (PNG): progress, workers by market, cost."),
     "attach": ("autoscaler.cli.attach", "Follow a job with live progress (Ctrl-C detaches)."),
     "resume": ("autoscaler.cli.attach", "Start a cancelled or failed job again from its last checkpoint."),

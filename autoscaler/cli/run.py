@@ -129,7 +129,7 @@ def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any,
     view = make_view(out, t0=t0, quiet=quiet)
     view.line_of(job_id, spec.training.global_batch_size)
     view.say(f"spotrain: running {job_id} on the local cloud (market x{setup.clock_rate:g} time; "
-             f"logs: spotrain logs -f {job_id}; cancel: spotrain cancel {job_id})")
+             f"logs: spotrain logs -f {job_id}; cancel: spotrain cancel {job_id}; dashboard: spotrain dashboard --open)")
     try:
         follow(Follower(LocalSource(ctl, job_id), view), interval_s=0.25)
     except KeyboardInterrupt:

@@ -278,6 +278,17 @@ class Client:
 
         return self._parse(JobSummary, self._call("POST", f"/v1/jobs/{ref}/resume"))
 
+    def login_link(self) -> tuple[str, float]:
+        """A one-time login link to this controller's dashboard (its full URL) and the seconds it
+        stays valid (``POST /v1/dashboard/links``)."""
+        r = self._call("POST", "/v1/dashboard/links")
+        data = self._json(r)
+        path = data.get("path") if isinstance(data, dict) else None
+        ttl = data.get("expires_in_s") if isinstance(data, dict) else None
+        if not isinstance(path, str) or not path.startswith("/") or not isinstance(ttl, (int, float)):
+            raise self._unreadable("the login link has no path or lifetime", r.status_code)
+        return self.url + path, float(ttl)
+
     def spec(self, ref: str) -> dict[str, Any]:
         data = self._call("GET", f"/v1/jobs/{ref}/spec").json()
         return data if isinstance(data, dict) else {}

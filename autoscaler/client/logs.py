@@ -59,25 +59,43 @@ def render_logs(job_id: str, events: Iterable[Any], *, rank: int | None = None) 
     for e in events:
         arrow = f"{e.from_state} -> {e.to_state}" if e.kind == "state" else e.kind
         lines.append(f"{_fmt_ts(e.ts)}  {arrow:28s} {e.reason}")
+    for attempt, r, text in worker_outputs(job_id, rank=rank):
+        lines.append(f"== worker output: attempt {attempt}, rank {r}")
+        lines.append(text)
+    return "\n".join(lines) + "\n"
+
+
+def worker_outputs(job_id: str, *, rank: int | None = None, limit_bytes: int = _TAIL_BYTES,
+                   last_attempts: int | None = None) -> list[tuple[int, int, str]]:
+    """The workers' output of ``job_id`` as ``(attempt, rank, text)``, oldest attempt first: rank 0's
+    (or ``rank``'s) log of each gang attempt, its last ``limit_bytes`` (a note first when the log was
+    rotated), only the newest ``last_attempts`` attempts when given. ``spotrain logs`` and the
+    dashboard's job page both show this."""
     d = logs_dir(job_id)
     files = []
     for f in d.glob("attempt-*-rank-*.log"):
         m = re.match(r"attempt-(\d+)-rank-(\d+)\.log", f.name)
         if m and (rank is None and int(m.group(2)) == 0 or rank == int(m.group(2))) and f.is_file():
             files.append((int(m.group(1)), int(m.group(2)), f))
-    for attempt, r, f in sorted(files):
-        lines.append(f"== worker output: attempt {attempt}, rank {r}")
+    files.sort()
+    if last_attempts is not None:
+        keep = sorted({a for a, _, _ in files})[-last_attempts:] if last_attempts > 0 else []
+        files = [x for x in files if x[0] in keep]
+    out = []
+    for attempt, r, f in files:
+        parts = []
         meta = log_cap.read_meta(f)
         if meta["rotations"]:
-            lines.append(f"(output rotated {meta['rotations']} time(s): the first {meta['base_bytes']} bytes are not in "
+            parts.append(f"(output rotated {meta['rotations']} time(s): the first {meta['base_bytes']} bytes are not in "
                          f"{f.name}, the part before it is in {f.name}.1; each job keeps at most "
                          f"{log_cap.job_log_max_bytes() / 2**20:g} MiB of output, {log_cap.ENV_JOB_LOG_MAX_MB})")
         try:
-            data = tail_bytes(f)
+            data = tail_bytes(f, limit_bytes)
         except OSError as exc:
             data = f"(cannot read {f.name}: {exc.strerror or exc})".encode()
-        lines.append(data.decode(errors="replace").rstrip())
-    return "\n".join(lines) + "\n"
+        parts.append(data.decode(errors="replace").rstrip())
+        out.append((attempt, r, "\n".join(parts)))
+    return out
 
 
 # The most one ``read_output`` call returns (``spotrain logs -f`` asks again for the rest).

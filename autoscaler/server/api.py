@@ -40,16 +40,17 @@ from autoscaler.errors import AuthError, Conflict, DomainError, JobNotFound, Spe
 from autoscaler.jobs.domain import IllegalTransition, JobState, NotOwner
 from autoscaler.jobs.spec import spec_from_dict
 from autoscaler.remote.endpoints import AGENT_PATHS, agent_gate_for, agent_router_for
-from autoscaler.server.dashboard import LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
+from autoscaler.server.dashboard import LINK_PATH, LOGIN_PATH, PREFIX, cookie_token_ok, dashboard_router
 from autoscaler.server.listing import DEFAULT_LIMIT, MAX_LIMIT, job_page
-from autoscaler.server.schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, SubmitRequest
+from autoscaler.server.login_links import LoginLinks
+from autoscaler.server.schemas import ErrorBody, Health, JobEvent, JobEvents, JobList, JobSummary, LoginLink, SubmitRequest
 from autoscaler.state.store import LIVE_SELECTOR
 from cloud_providers.errors import ProviderError
 
 # Bounds of one request: the API's bodies (a spec, an agent's report) are a few kB.
 MAX_BODY_BYTES = 1024 * 1024
 BODY_TIMEOUT_S = 30.0
-PUBLIC_PATHS = frozenset({"/healthz", LOGIN_PATH})
+PUBLIC_PATHS = frozenset({"/healthz", LOGIN_PATH, LINK_PATH})
 # The paging headers of ``GET /v1/jobs`` (its OpenAPI says so).
 _PAGE_HEADERS = {
     "x-total-count": {"description": "Jobs that match the state selector", "schema": {"type": "integer"}},
@@ -315,11 +316,28 @@ def _cancel_at_owner(owner: str, job_id: str, token: str) -> dict[str, Any] | No
     return data if isinstance(data, dict) else None
 
 
+def _install_dashboard(app: FastAPI, controller: Controller, token: str, auth: Callable[[Request], None],
+                       report_png: Callable[[str], bytes], links: LoginLinks) -> None:
+    """The dashboard's pages (``/ui``) and the API's door to them: ``POST /v1/dashboard/links``."""
+
+    @app.post("/v1/dashboard/links", dependencies=[Depends(auth)], response_model=LoginLink, responses=_refusals())
+    def dashboard_link() -> LoginLink:
+        """A one-time login link to the dashboard (``spotrain dashboard``): its path on this
+        controller, valid once within ``expires_in_s``."""
+        return LoginLink(path=f"{LINK_PATH}?t={links.issue()}", expires_in_s=links.ttl_s)
+
+    app.include_router(dashboard_router(controller, token, report_png, cancel=lambda ref: _cancel(controller, ref, token),
+                                        links=links))
+
+
 def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = BODY_TIMEOUT_S, refuse_submit: str | None = None) -> FastAPI:
+               body_timeout_s: float = BODY_TIMEOUT_S, refuse_submit: str | None = None,
+               login_links: LoginLinks | None = None) -> FastAPI:
     """The controller's app. ``max_body_bytes`` and ``body_timeout_s`` bound each request's body.
     ``refuse_submit``: why this controller takes no new jobs (the embedded one of ``spotrain run``,
-    which ends with that command), or None."""
+    which ends with that command), or None. ``login_links``: the dashboard's one-time links (tests
+    pass one on a fake clock; default: a fresh one)."""
+    links = login_links or LoginLinks()
     app = FastAPI(title="spotrain controller", version="1")
     install_error_handlers(app)
     started = time.time()
@@ -386,5 +404,5 @@ def create_app(controller: Controller, token: str, *, max_body_bytes: int = MAX_
 
     report_png = _install_follow_endpoints(app, controller, auth)
     app.include_router(agent_router_for(controller))
-    app.include_router(dashboard_router(controller, token, report_png))
+    _install_dashboard(app, controller, token, auth, report_png, links)
     return app

@@ -4,8 +4,13 @@
   ``RECENT_ENDED`` newest ended ones, older ones a page at a time (``/ui?older=N``), so the page
   does not grow with history (issue 21, finding 7); refreshed every 10 s by a
   ``<meta http-equiv="refresh">``;
-- ``/ui/jobs/JOB``: one job, its report picture (``client/report.py``) and its events;
-- ``/ui/login``: a form that takes the API token and keeps it in a cookie.
+- ``/ui/jobs/JOB``: one job, its report picture (``client/report.py``), its events, the tail of its
+  workers' output (what ``spotrain logs`` shows, ``client/logs.py``) and, while it is live, a cancel
+  button (a confirmation page, then a POST with the CSRF token; issue 24, item 5);
+- ``/ui/login``: a form that takes the API token and keeps it in a cookie;
+- ``/ui/link?t=SECRET``: a one-time login link (``spotrain dashboard`` prints it; ``login_links.py``):
+  the secret is exchanged once for the same cookie; a used, expired or unknown one gets a page that
+  says which, and how to get a new one.
 
 Access is the API's token, as everywhere else (``api.RequestGuard`` checks it before any handler):
 a browser presents it in the ``spotrain_token`` cookie the login form sets (HttpOnly, SameSite=Strict,
@@ -37,23 +42,30 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from autoscaler.client.logs import worker_outputs
 from autoscaler.controller import Controller, job_summary
-from autoscaler.errors import JobNotFound
+from autoscaler.errors import DomainError, JobNotFound
 from autoscaler.jobs.domain import JobState
 from autoscaler.server.listing import job_page
-from autoscaler.state.store import ENDED_SELECTOR, LIVE_SELECTOR
+from autoscaler.server.login_links import LoginLinks, Redeemed
+from autoscaler.state.store import ENDED_SELECTOR, LIVE_SELECTOR, Store
 
 PREFIX = "/ui"
 LOGIN_PATH = "/ui/login"
+LINK_PATH = "/ui/link"
 COOKIE = "spotrain_token"
 CSRF_COOKIE = "spotrain_csrf"
 CSRF_FIELD = "csrf"
 # Ended jobs on the jobs page, the newest first; older ones a page of as many at a time.
 RECENT_ENDED = 50
+# The job page's worker output: rank 0 of the newest attempts, the end of each log.
+OUTPUT_ATTEMPTS = 3
+OUTPUT_TAIL_BYTES = 16_000
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #1d3557; }
 table { border-collapse: collapse; } th, td { padding: .3rem .8rem; border-bottom: 1px solid #ddd; text-align: left; }
+pre { background: #f8f9fa; padding: .5rem; max-height: 30rem; overflow: auto; }
 th { background: #f1faee; } .SUCCEEDED { color: #2a9d8f; } .FAILED, .FAILED_BUDGET, .FAILED_NO_RESOURCE { color: #d62828; }
 .CANCELLED { color: #6c757d; } img { max-width: 100%; border: 1px solid #ddd; } code { background: #f1faee; }
 """
@@ -90,8 +102,12 @@ def secured(resp: Response) -> Response:
     return resp
 
 
-def _page(title: str, body: str, *, refresh_s: int | None = None, status_code: int = 200) -> HTMLResponse:
+def _page(title: str, body: str, *, refresh_s: int | None = None, status_code: int = 200,
+          go_to: str | None = None) -> HTMLResponse:
+    """A page; ``refresh_s``: reload it that often; ``go_to``: move on to that path at once."""
     meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    if go_to is not None:
+        meta = f'<meta http-equiv="refresh" content="0; url={html.escape(go_to)}">'
     page = HTMLResponse(f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>{meta}'
                         f"<style>{_STYLE}</style></head><body>{body}</body></html>", status_code=status_code)
     secured(page)
@@ -124,7 +140,24 @@ def _jobs_table(jobs: list[dict[str, Any]]) -> str:
     return f'<table id="jobs">{head}{"".join(rows)}</table>'
 
 
-def _job_page(j: dict[str, Any], events: list[Any]) -> str:
+def _output_section(job_id: str) -> str:
+    """Rank 0's output of the newest attempts, HTML-escaped (a worker prints anything)."""
+    outputs = worker_outputs(job_id, rank=0, limit_bytes=OUTPUT_TAIL_BYTES, last_attempts=OUTPUT_ATTEMPTS)
+    if not outputs:
+        return '<h2>Worker output</h2><p id="output">No worker output yet.</p>'
+    parts = "".join(f"<h3>attempt {a}, rank {r}</h3><pre>{html.escape(text)}</pre>" for a, r, text in outputs)
+    return (f'<h2>Worker output</h2><div id="output">{parts}</div><p>The end of rank 0\'s log of the newest '
+            f"{OUTPUT_ATTEMPTS} attempts; all of it: <code>spotrain logs {html.escape(job_id)}</code></p>")
+
+
+def _cancel_button(j: Mapping[str, Any]) -> str:
+    if JobState(j["state"]).terminal:
+        return ""
+    return (f'<form method="get" action="{PREFIX}/jobs/{quote(j["job_id"])}/cancel">'
+            '<button type="submit" id="cancel">Cancel job</button></form>')
+
+
+def _job_page(j: dict[str, Any], events: list[Any], *, note: str = "") -> str:
     jid = html.escape(j["job_id"])
     facts = [("state", j["state"]), ("reason", j.get("reason") or ""), ("progress", _progress(j)),
              ("cost", _money(j.get("cost_usd"))), ("on-demand counterfactual", _money(j.get("on_demand_cost_usd"))),
@@ -134,9 +167,12 @@ def _job_page(j: dict[str, Any], events: list[Any]) -> str:
         f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(e.ts))}</td><td>{html.escape(e.kind)}</td>"
         f"<td>{html.escape(e.from_state + ' -> ' + e.to_state if e.kind == 'state' else e.to_state)}</td>"
         f"<td>{html.escape(e.reason)}</td></tr>" for e in events)
-    return (f'<p><a href="{PREFIX}">all jobs</a></p><h1>{jid}</h1><table>{dl}</table>'
+    note_html = f'<p id="note">{html.escape(note)}</p>' if note else ""
+    return (f'<p><a href="{PREFIX}">all jobs</a></p><h1>{jid}</h1>{note_html}<table id="facts">{dl}</table>'
+            f"{_cancel_button(j)}"
             f'<h2>Report</h2><img id="report" alt="report of {jid}" src="{PREFIX}/jobs/{quote(j["job_id"])}/report.png">'
-            f'<h2>Events</h2><table id="events"><tr><th>time</th><th>kind</th><th>state</th><th>reason</th></tr>{ev}</table>')
+            f'<h2>Events</h2><table id="events"><tr><th>time</th><th>kind</th><th>state</th><th>reason</th></tr>{ev}</table>'
+            f"{_output_section(j['job_id'])}")
 
 
 def _csrf_field(csrf: str) -> str:
@@ -186,8 +222,83 @@ def _older_link(older: int, more: bool) -> str:
     return f"<p>{' | '.join(links)}</p>" if links else ""
 
 
-def dashboard_router(controller: Controller, token: str, report_png: Callable[[str], bytes]) -> APIRouter:
-    """The ``/ui`` routes. ``report_png(job_id)``: the job's picture (the API's own renderer)."""
+def _link_refused(why: Redeemed) -> Response:
+    """The page for a login link that cannot log in: says why, and how to get a new one."""
+    what = {Redeemed.USED: "This login link was already used: each link logs in once.",
+            Redeemed.EXPIRED: "This login link has expired: a link is valid for a short time only.",
+            Redeemed.UNKNOWN: "This login link is not valid here (mistyped, or made by another controller "
+                              "or before this controller restarted)."}[why]
+    body = (f'<h1>spotrain</h1><p class="FAILED" id="link-refused">{html.escape(what)}</p>'
+            "<p>Get a new one with <code>spotrain dashboard</code> (or <code>spotrain dashboard --open</code>), "
+            f'or <a href="{LOGIN_PATH}">log in with the API token</a>.</p>')
+    return _page("spotrain login link", body, status_code=410 if why is not Redeemed.UNKNOWN else 401)
+
+
+def _logged_in(token: str, target: str, body: str) -> Response:
+    """A page that sets the session cookie and moves on to ``target`` (a meta refresh, not a
+    redirect: a navigation started on this page is same-site, so the SameSite=Strict cookie goes
+    with it even when the link was opened from another site)."""
+    page = _page("spotrain", body, go_to=target)
+    page.set_cookie(COOKIE, token, httponly=True, samesite="strict", path=PREFIX)
+    return page
+
+
+def _add_job_routes(router: APIRouter, store: Store, cancel: Callable[[str], Any]) -> None:
+    """One job's page, and its cancel: a confirmation page, then the POST (with the CSRF token)."""
+
+    def job_of(ref: str) -> tuple[dict[str, Any], list[Any]]:
+        with store.session() as s:
+            job = store.job(s, ref)
+            if job is None:
+                raise JobNotFound(f"no job {ref!r}")
+            return job_summary(job, store.instances(s, job.job_id)).to_json_dict(), store.events(s, job.job_id)
+
+    @router.get(PREFIX + "/jobs/{ref}")
+    def one_job_page(request: Request, ref: str, note: str = "") -> Response:
+        j, events = job_of(ref)
+        csrf = _csrf_of(request.headers.get("cookie", ""))
+        note = {"cancelled": "Cancel asked: the job is cancelling (its workers stop and its instances are released).",
+                "ended": "The job had already ended: there is nothing to cancel."}.get(note, "")
+        body = _job_page(j, events, note=note) + _logout_form(csrf)
+        page = _page(f"spotrain {j['job_id']}", body, refresh_s=None if JobState(j["state"]).terminal else 10)
+        return _with_csrf(page, csrf)
+
+    @router.get(PREFIX + "/jobs/{ref}/cancel")
+    def confirm_cancel(request: Request, ref: str) -> Response:
+        """The cancel button's confirmation (no script may run here, so no ``confirm()``): a page
+        whose one form POSTs the cancel with the CSRF token."""
+        j, _ = job_of(ref)
+        jid, path = html.escape(j["job_id"]), f"{PREFIX}/jobs/{quote(j['job_id'])}"
+        csrf = _csrf_of(request.headers.get("cookie", ""))
+        body = (f"<h1>Cancel {jid}?</h1><p>Its workers stop (after a checkpoint when they can) and its instances "
+                f"are released; <code>spotrain resume {jid}</code> starts it again from its last checkpoint.</p>"
+                f'<form method="post" action="{path}/cancel">{_csrf_field(csrf)}'
+                f'<button type="submit" id="confirm-cancel">Yes, cancel {jid}</button></form>'
+                f'<p><a href="{path}" id="keep">No, keep it running</a></p>')
+        return _with_csrf(_page(f"spotrain cancel {j['job_id']}", body), csrf)
+
+    @router.post(PREFIX + "/jobs/{ref}/cancel")
+    async def cancel_job(request: Request, ref: str) -> Response:
+        if not _csrf_ok(request, parse_qs((await request.body()).decode(errors="replace"))):
+            return _csrf_refused()
+        import anyio.to_thread
+
+        j, _ = job_of(ref)
+        try:
+            await anyio.to_thread.run_sync(cancel, j["job_id"])
+        except DomainError as exc:  # e.g. the job of a `spotrain run` that cannot be asked
+            body = (f'<h1>spotrain</h1><p class="FAILED" id="cancel-refused">{html.escape(str(exc))}</p>'
+                    f'<p><a href="{PREFIX}/jobs/{quote(j["job_id"])}">back to the job</a></p>')
+            return _page("spotrain cancel", body, status_code=409)
+        note = "ended" if JobState(j["state"]).terminal else "cancelled"
+        return secured(RedirectResponse(f"{PREFIX}/jobs/{quote(j['job_id'])}?note={note}", status_code=303))
+
+
+def dashboard_router(controller: Controller, token: str, report_png: Callable[[str], bytes], *,
+                     cancel: Callable[[str], Any], links: LoginLinks) -> APIRouter:
+    """The ``/ui`` routes. ``report_png(job_id)``: the job's picture (the API's own renderer);
+    ``cancel(job_ref)``: the API's cancel (it asks a ``spotrain run`` that owns the job); ``links``:
+    the one-time login links ``POST /v1/dashboard/links`` issues."""
     router = APIRouter(include_in_schema=False)
     store = controller.store
 
@@ -206,16 +317,16 @@ def dashboard_router(controller: Controller, token: str, report_png: Callable[[s
                 f"<p>{live.total} live, {ended.total} ended</p>{_logout_form(csrf)}")
         return _with_csrf(_page("spotrain jobs", body, refresh_s=10 if live.jobs else None), csrf)
 
-    @router.get(PREFIX + "/jobs/{ref}")
-    def one_job_page(ref: str) -> HTMLResponse:
-        with store.session() as s:
-            job = store.job(s, ref)
-            if job is None:
-                raise JobNotFound(f"no job {ref!r}")
-            j = job_summary(job, store.instances(s, job.job_id)).to_json_dict()
-            events = store.events(s, job.job_id)
-        return _page(f"spotrain {j['job_id']}", _job_page(j, events),
-                     refresh_s=None if JobState(j["state"]).terminal else 10)
+    _add_job_routes(router, store, cancel)
+
+    @router.get(LINK_PATH)
+    def login_link(t: str = "") -> Response:
+        """A one-time login link: its secret, exchanged once for the session cookie."""
+        outcome = links.redeem(t)
+        if outcome is not Redeemed.OK:
+            return _link_refused(outcome)
+        return _logged_in(token, PREFIX, f'<h1>spotrain</h1><p id="logged-in">Logged in; <a href="{PREFIX}">'
+                                         "open the dashboard</a>.</p>")
 
     @router.get(PREFIX + "/jobs/{ref}/report.png")
     def job_report(ref: str) -> Response:

@@ -109,6 +109,13 @@ class Health(_Answer):
     role: str | None = None  # "leader" or "standby" (a fleet of controllers on one database)
 
 
+class LoginLink(_Answer):
+    """A one-time login link to the dashboard (``spotrain dashboard``; ``server/login_links.py``)."""
+
+    path: str = Field(description="The link's path on this controller (/ui/link?t=...); it logs in once")
+    expires_in_s: float = Field(description="Seconds the link stays valid unused")
+
+
 class ErrorBody(_Answer):
     """The body of every refusal: ``detail`` is the one line the CLI prints, ``error`` the type of
     ``autoscaler.errors`` (or of the provider's tree) it came from."""

@@ -23,6 +23,8 @@ fail_at = int(os.environ.get("PW_FAIL_AT", "-1"))
 fail_code = int(os.environ.get("PW_FAIL_CODE", "3"))
 # A script that never looks at its notices (or hangs in a collective): it must be stopped for it.
 ignore_notice = os.environ.get("PW_IGNORE_NOTICE") == "1"
+# ``PW_PRINT=1``: each rank prints a line per step, as a training script logs (``spotrain logs``, the dashboard).
+say = os.environ.get("PW_PRINT") == "1"
 notice = Path(os.environ["SPOTRAIN_NOTICE_FILE"])
 progress = Path(os.environ["SPOTRAIN_PROGRESS_FILE"])
 state = ckpt / "step.txt"
@@ -61,6 +63,8 @@ while step < steps:
         sys.exit(fail_code)
     time.sleep(max(0.0, began + (step - first + 1) * step_s - time.monotonic()))
     step += 1
+    if say:
+        print(f"rank {rank}: step {step} of {steps}", flush=True)
     if rank == 0:
         save_step()
     report()
