@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 import rt_launch
+from cost_models.spot_notices import AwsImds, GceMetadata
 from fakes.imds import FakeMetadataServer
 from runtime import protocol
 from runtime.config import NoticeConfig
-from runtime.notices import GcePreemptedPoller, ImdsNoticePoller, NoticeWatcher, read_notice_file
+from runtime.errors import NoticeSourceError
+from runtime.notices import NoticeWatcher, UrllibTransport, read_notice_file
 
 
 def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
@@ -27,9 +29,14 @@ def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
     assert n is not None and n.reason == protocol.NOTICE_PREEMPTION
 
 
-def test_imds_and_gce_pollers_against_the_fake() -> None:
+def test_the_urllib_transport_against_the_fake() -> None:
+    """The runtime's transport under the shared client (tests/cost_models/test_spot_notices.py has the
+    protocol's cases): real HTTP to the loopback fake, an error status as an answer, no answer as
+    the runtime's own error."""
     with FakeMetadataServer() as fake:
-        aws, gce = ImdsNoticePoller(fake.endpoint), GcePreemptedPoller(fake.endpoint)
+        transport = UrllibTransport()
+        aws = AwsImds(transport, fake.endpoint, rebalance=True)
+        gce = GceMetadata(transport, fake.endpoint, wait_for_change=False)
         assert aws.check() == [] and gce.check() == []
         fake.recommend_rebalance()
         (rebalance,) = aws.check()
@@ -42,6 +49,10 @@ def test_imds_and_gce_pollers_against_the_fake() -> None:
         (pre,) = gce.check()
         assert pre.source == "gce-metadata" and pre.stop
         assert ("PUT", "/latest/api/token") in fake.requests  # IMDSv2 session token first
+        status, _, headers = transport.request("GET", f"{fake.endpoint}/latest/meta-data/instance-id", {}, 1.0)
+        assert status == 401 and "content-type" in headers  # no token: an answer, not an exception
+    with pytest.raises(NoticeSourceError, match="GCE metadata preempted"):
+        GceMetadata(UrllibTransport(), "http://127.0.0.1:9", timeout_s=0.2).check()  # nothing listens there
 
 
 def test_watcher_contacts_no_metadata_server_unless_named(tmp_path: Path) -> None:
