@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from runtime import protocol
 from runtime.config import NoticeConfig
 from runtime.errors import NoticeSourceError
 from runtime.notices import NoticeWatcher, UrllibTransport, read_notice_file
+from support import wait_until
 
 
 def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
@@ -60,15 +62,15 @@ def test_watcher_contacts_no_metadata_server_unless_named(tmp_path: Path) -> Non
         fake.notice_spot_interruption()
         watcher = NoticeWatcher(NoticeConfig(aws_imds_endpoint=fake.endpoint, poll_interval_s=0.01,
                                              handle_sigterm=False)).start()
-        time.sleep(0.1)
+        # No polling thread, so nothing can reach the server later either (poll() reads only the
+        # notice file and the SIGTERM flag): checked at once, rather than after a guessed wait.
+        assert not [t for t in threading.enumerate() if t.name == "spotrain-notices"]
         assert watcher.poll() == (None, None)
         watcher.close()
         assert fake.requests == []
         watcher = NoticeWatcher(NoticeConfig(sources=("aws-imds",), aws_imds_endpoint=fake.endpoint,
                                              poll_interval_s=0.01, handle_sigterm=False)).start()
-        deadline = time.time() + 5
-        while watcher.poll()[0] is None and time.time() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: watcher.poll()[0], 5, "the IMDS notice")
         watcher.close()
         stop, _ = watcher.poll()
         assert stop is not None and stop.source == "aws-imds"
@@ -138,9 +140,7 @@ def test_gce_preemption_and_aws_rebalance(tmp_path: Path) -> None:
         procs = rt_launch.start(1, env)
         _wait_for_step(tmp_path / "gce-progress.json", 2)
         fake.recommend_rebalance()  # checkpoint now, keep training
-        deadline = time.time() + 30
-        while not list((tmp_path / "gce").glob("checkpoints/*/manifest.json")) and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: list((tmp_path / "gce").glob("checkpoints/*/manifest.json")), 30, "the rebalance checkpoint")
         assert procs[0].poll() is None
         early = sorted(int(p.parent.name) for p in (tmp_path / "gce").glob("checkpoints/*/manifest.json"))
         fake.preempt_gce()
