@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
 from cost_models import batching
+from cost_models.spot_notices import DEFAULT_AWS_IMDS_ENDPOINT, DEFAULT_GCE_METADATA_ENDPOINT, SOURCES
 
 from . import protocol
 
@@ -32,13 +33,9 @@ ENV_NOTICE_POLL_S = "SPOTRAIN_NOTICE_POLL_S"
 ENV_TIMELINE_FILE = "SPOTRAIN_TIMELINE_FILE"
 TIMELINE_NAME = "timeline.jsonl"
 
-NOTICE_SOURCE_AWS = "aws-imds"
-NOTICE_SOURCE_GCE = "gce-metadata"
-_KNOWN_SOURCES = (NOTICE_SOURCE_AWS, NOTICE_SOURCE_GCE)
-
-# Link-local metadata addresses: contacted only when SPOTRAIN_NOTICE_SOURCES names the source.
-DEFAULT_AWS_IMDS_ENDPOINT = "http://169.254.169.254"
-DEFAULT_GCE_METADATA_ENDPOINT = "http://metadata.google.internal"
+# The sources and their link-local addresses are the notice client's (contacted only when
+# SPOTRAIN_NOTICE_SOURCES names the source).
+_KNOWN_SOURCES = SOURCES
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

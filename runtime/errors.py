@@ -10,7 +10,8 @@
     │       └── ObjectUnreadable   (what is at an object's path cannot be read as that object: a
     │                               directory, FIFO, device or symbolic link, an I/O error, over a size
     │                               limit; the checkpoint loader takes it as a corrupt checkpoint)
-    └── StateError                 (a state dict cannot be represented without pickle, or does not fit)
+    ├── StateError                 (a state dict cannot be represented without pickle, or does not fit)
+    └── NoticeSourceError          (notices.py: a cloud's metadata service could not be read; polled again)
 
 User errors in configuration are ``ValueError`` raised when a config dataclass is built, so that a
 script fails at once with one line naming the field. The other boundaries have their own roots:
@@ -54,4 +55,8 @@ class UnsupportedStore(StoreError):
 
 
 class StateError(RuntimeFailure):
+    pass
+
+
+class NoticeSourceError(RuntimeFailure):
     pass

@@ -5,50 +5,61 @@ next minibatch boundary, checkpoint and exit with ``EXIT_RESCHEDULE``. An AWS *r
 recommendation* is an early warning, not a reclaim: it asks for a checkpoint now and training goes on.
 
 Metadata servers are link-local addresses; they are polled only when ``SPOTRAIN_NOTICE_SOURCES``
-names them (``aws-imds``, ``gce-metadata``), from a background thread, through a urllib opener that
-ignores proxy settings. IMDSv2 is used (a session token from ``PUT /latest/api/token`` first):
-https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html,
-https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html and
-https://cloud.google.com/compute/docs/instances/create-use-preemptible#detecting_if_an_instance_was_preempted.
-
-The agent (``cloud_providers/remote/metadata.py``) reads the same documents for the controller: its
-classes are ``AwsImds`` and ``GceMetadata``, these are the workers' own pollers, named apart so that
-an import cannot pick the wrong one. The dependency rule (runtime imports only cost_models,
-cloud_providers nothing of ours) keeps the two HTTP clients apart; where an agent runs, it writes what
-it sees into the notice file, and the workers need no metadata source of their own.
+names them (``aws-imds``, ``gce-metadata``), from a background thread. What the documents are and
+mean (IMDSv2 tokens, the spot and rebalance documents, GCE's ``preempted``, the deadlines, what counts
+as a failure) is ``cost_models/spot_notices.py``, the one pure client; this module gives it a urllib
+transport that ignores proxy settings, and polls GCE with plain reads (one thread serves every source
+here, so it must not sit in a long-poll). Where an agent runs, it writes what it sees into the notice
+file too.
 """
 
 from __future__ import annotations
 
-import calendar
 import http.client
 import json
 import logging
 import os
 import signal
 import threading
-import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any, Callable
 
+from cost_models.spot_notices import SOURCE_AWS, SOURCE_GCE, Answer, AwsImds, GceMetadata, Notice
+
 from . import protocol
-from .config import NOTICE_SOURCE_AWS, NOTICE_SOURCE_GCE, NoticeConfig
+from .config import NoticeConfig
+from .errors import NoticeSourceError
+
+__all__ = ["Notice", "NoticeWatcher", "UrllibTransport", "read_notice_file"]
 
 log = logging.getLogger(__name__)
 
-GCE_NOTICE_S = 30.0
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+class UrllibTransport:
+    """The runtime's HTTP for :mod:`cost_models.spot_notices`: stdlib only, proxies ignored."""
+
+    def __init__(self) -> None:
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def request(self, method: str, url: str, headers: Mapping[str, str], timeout_s: float) -> Answer:
+        req = urllib.request.Request(url, method=method, headers=dict(headers))
+        try:
+            with self._opener.open(req, timeout=timeout_s) as resp:
+                return resp.status, resp.read().decode(errors="replace"), _lower(resp.headers.items())
+        except urllib.error.HTTPError as exc:  # an answer, with a status other than 2xx
+            return exc.code, exc.read().decode(errors="replace"), _lower(exc.headers.items())
+        except http.client.HTTPException as exc:  # a garbled answer is no answer
+            raise OSError(f"{type(exc).__name__}: {exc}") from exc
+
+    def failure(self, message: str) -> Exception:
+        return NoticeSourceError(message)
 
 
-@dataclass(frozen=True)
-class Notice:
-    reason: str
-    source: str
-    deadline_unix_s: float | None = None
-    stop: bool = True
+def _lower(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers}
 
 
 def read_notice_file(path: str) -> Notice | None:
@@ -69,77 +80,6 @@ def read_notice_file(path: str) -> Notice | None:
         return Notice(reason=protocol.NOTICE_PREEMPTION, source="file")
 
 
-def _parse_iso_utc(text: str) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
-    except (ValueError, TypeError):
-        return None
-
-
-class ImdsNoticePoller:
-    """Polls the spot instance-action and rebalance-recommendation documents (IMDSv2)."""
-
-    TOKEN_TTL_S = 21600
-
-    def __init__(self, endpoint: str, timeout_s: float = 1.0) -> None:
-        self.endpoint = endpoint.rstrip("/")
-        self.timeout_s = timeout_s
-        self._token: str | None = None
-        self._token_expiry = 0.0
-
-    def _get_token(self) -> str:
-        if self._token is None or time.time() > self._token_expiry:
-            req = urllib.request.Request(
-                f"{self.endpoint}/latest/api/token", method="PUT",
-                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.TOKEN_TTL_S)},
-            )
-            with _HTTP.open(req, timeout=self.timeout_s) as resp:
-                self._token = resp.read().decode().strip()
-            self._token_expiry = time.time() + self.TOKEN_TTL_S / 2
-        return self._token
-
-    def _get(self, path: str) -> Any | None:
-        req = urllib.request.Request(f"{self.endpoint}{path}", headers={"X-aws-ec2-metadata-token": self._get_token()})
-        try:
-            with _HTTP.open(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            if exc.code == 401:
-                self._token = None
-            if exc.code in (401, 404):
-                return None
-            raise
-
-    def check(self) -> list[Notice]:
-        notices = []
-        action = self._get("/latest/meta-data/spot/instance-action")
-        if isinstance(action, dict) and action.get("action"):
-            notices.append(Notice(reason=protocol.NOTICE_PREEMPTION, source=NOTICE_SOURCE_AWS,
-                                  deadline_unix_s=_parse_iso_utc(action.get("time", ""))))
-        rebalance = self._get("/latest/meta-data/events/recommendations/rebalance")
-        if isinstance(rebalance, dict) and rebalance.get("noticeTime"):
-            notices.append(Notice(reason=protocol.NOTICE_REBALANCE, source=NOTICE_SOURCE_AWS, stop=False))
-        return notices
-
-
-class GcePreemptedPoller:
-    """Polls ``instance/preempted`` (``TRUE`` once the instance is being preempted)."""
-
-    def __init__(self, endpoint: str, timeout_s: float = 1.0) -> None:
-        self.endpoint = endpoint.rstrip("/")
-        self.timeout_s = timeout_s
-
-    def check(self) -> list[Notice]:
-        req = urllib.request.Request(f"{self.endpoint}/computeMetadata/v1/instance/preempted",
-                                     headers={"Metadata-Flavor": "Google"})
-        with _HTTP.open(req, timeout=self.timeout_s) as resp:
-            body = resp.read().decode().strip().upper()
-        if body == "TRUE":
-            return [Notice(reason=protocol.NOTICE_PREEMPTION, source=NOTICE_SOURCE_GCE,
-                           deadline_unix_s=time.time() + GCE_NOTICE_S)]
-        return []
-
-
 class NoticeWatcher:
     """Merges every configured source; :meth:`poll` is cheap enough to call every step."""
 
@@ -153,11 +93,12 @@ class NoticeWatcher:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._old_handler: Callable[[int, FrameType | None], Any] | int | None = None
-        self._pollers: list[ImdsNoticePoller | GcePreemptedPoller] = []
-        if NOTICE_SOURCE_AWS in config.sources:
-            self._pollers.append(ImdsNoticePoller(config.aws_imds_endpoint))
-        if NOTICE_SOURCE_GCE in config.sources:
-            self._pollers.append(GcePreemptedPoller(config.gce_metadata_endpoint))
+        self._pollers: list[AwsImds | GceMetadata] = []
+        transport = UrllibTransport()
+        if SOURCE_AWS in config.sources:
+            self._pollers.append(AwsImds(transport, config.aws_imds_endpoint, rebalance=True))
+        if SOURCE_GCE in config.sources:
+            self._pollers.append(GceMetadata(transport, config.gce_metadata_endpoint, wait_for_change=False))
 
     def start(self) -> "NoticeWatcher":
         if self.config.handle_sigterm and threading.current_thread() is threading.main_thread():
@@ -197,9 +138,9 @@ class NoticeWatcher:
                 try:
                     for notice in poller.check():
                         self._record(notice)
-                except (OSError, ValueError, http.client.HTTPException) as exc:
+                except NoticeSourceError as exc:
                     # A flaky metadata server (a reset, a short read) must not end the watch.
-                    log.debug("notice source %s unavailable: %s", type(poller).__name__, exc)
+                    log.debug("notice source %s unavailable: %s", poller.name, exc)
             self._closing.wait(self.config.poll_interval_s)
 
     def poll(self) -> tuple[Notice | None, Notice | None]:

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOL_WORKER = REPO / "tests" / "workers" / "protocol_worker.py"
@@ -46,6 +48,29 @@ def worker_pids(marker: str, home: str | None = None) -> list[int]:
             continue
         out.append(int(p.name))
     return out
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, *, interval_s: float = 0.02) -> T:
+    """The first truthy value of ``predicate``, polled every ``interval_s`` (AssertionError naming
+    ``what`` after ``timeout_s``). For a condition the test can observe, instead of a fixed sleep that
+    guesses how long it takes: as fast as the system is, and no flake when a loaded machine is slower."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def assert_no_workers(marker: str, home: str | None = None, *, timeout_s: float = 10.0) -> None:
+    """Every process of ``marker`` (``worker_pids``) is gone within ``timeout_s`` of a job's end: a leak
+    is one that stays."""
+    try:
+        wait_until(lambda: not worker_pids(marker, home), timeout_s, f"no {marker} processes left")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; still running: {worker_pids(marker, home)}") from None
 
 
 def write_pw_spec(dir_: Path, *, name: str = "pw", extra: str = "", workers: str = "{min: 1, max: 2}") -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,7 +25,7 @@ from autoscaler.policy import get_policy
 from autoscaler.server.api import create_app
 from autoscaler.server.schemas import JobSummary
 from autoscaler.state import Store
-from support import LiveServer, free_port, write_pw_spec
+from support import LiveServer, free_port, wait_until, write_pw_spec
 
 TOKEN = "t0ken"
 
@@ -100,9 +99,9 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(spotrain_home: 
         c = Client(srv.url, token=TOKEN)
         spec, workdir = load_spec(write_pw_spec(tmp_path))
         job = c.submit(spec.to_dict(), str(workdir))
-        time.sleep(0.4)
+        wait_until(lambda: not srv.server.server_state.connections, 5, "uvicorn to close the idle connection")
         assert [j["job_id"] for j in c.jobs_json()] == [job.job_id]
-        time.sleep(0.4)
+        wait_until(lambda: not srv.server.server_state.connections, 5, "uvicorn to close the idle connection")
         assert c.cancel(job.job_id).state.value == "CANCELLED"
 
 
@@ -130,8 +129,8 @@ class _Canned(BaseHTTPRequestHandler):
         if status == "drop":
             self.close_connection = True
             return
-        if status == "hang":
-            time.sleep(1.0)
+        if status == "hang":  # until the test is over (the client's own timeout ends its wait)
+            self.server.released.wait(30)  # type: ignore[attr-defined]
             self.close_connection = True
             return
         if status == "chunked":
@@ -164,10 +163,12 @@ def canned(request: pytest.FixtureRequest) -> Iterator[str]:
     """A loopback server giving every request the answer CANNED[case] names."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
     server.case = request.node.callspec.params["case"]  # type: ignore[attr-defined]
+    server.released = threading.Event()  # type: ignore[attr-defined]
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.released.set()  # type: ignore[attr-defined]
     server.shutdown()
     server.server_close()
 

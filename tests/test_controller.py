@@ -19,7 +19,7 @@ from autoscaler.policy import get_policy
 from autoscaler.state import Decision, Store
 from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB, TAG_MARKET, LaunchRequest
 from cloud_providers.local.scenario import parse_scenario
-from support import PROTOCOL_WORKER, worker_pids, write_pw_spec
+from support import PROTOCOL_WORKER, assert_no_workers, worker_pids, write_pw_spec
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET"}
 
@@ -128,8 +128,7 @@ def test_cancel_releases_everything(spotrain_home: Path, tmp_path: Path, monkeyp
     assert worker_pids(str(PROTOCOL_WORKER))
     info = ctl.cancel(job["job_id"])
     assert info["state"] == "CANCELLED"
-    time.sleep(0.2)
-    assert worker_pids(str(PROTOCOL_WORKER)) == []
+    assert_no_workers(str(PROTOCOL_WORKER))
     assert all(not i.alive for i in ctl.provider.list_instances({TAG_JOB: job["job_id"]}))
 
 

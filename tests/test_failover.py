@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, text
 
 from autoscaler.state.lease import read_lease
 from cloud_providers.base import TAG_DECISION
-from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
+from support import PROTOCOL_WORKER, assert_no_workers, run_cli, worker_pids, write_pw_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -170,8 +170,8 @@ def test_the_standby_takes_over_when_the_leader_is_sigkilled(spotrain_home: Path
     assert {i["tags"][TAG_DECISION]: i["instance_id"] for i in instances} == launched
     still_up = [i["instance_id"] for i in instances if i["state"] != "terminated"]
     assert still_up == [], still_up
-    time.sleep(0.3)
-    assert worker_pids(str(PROTOCOL_WORKER), str(home_a)) == worker_pids(str(PROTOCOL_WORKER), str(home_b)) == []
+    assert_no_workers(str(PROTOCOL_WORKER), str(home_a))
+    assert_no_workers(str(PROTOCOL_WORKER), str(home_b))
     figures = {"takeover_s": round(takeover_s, 2), "lease_ttl_s": 10.0, "step_at_kill": step_at_kill,
                "instances": len(instances), "decisions": sum(statuses.values()),
                "decisions_failed": statuses.get("failed", 0), "adopted_events": adopted,

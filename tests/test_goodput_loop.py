@@ -271,10 +271,10 @@ def _batch_events(name: str, reports: list[dict[str, float | int | str]],
     with world.store.session() as s:
         job = s.get(Job, job_id)
         assert job is not None
-        job.gang_attempt = 1
+        job.gang.attempt = 1
         if directive is not None:
             note_gang_batch(ctx, s, job, directive, 8)
-        job.gang_start_step = 10
+        job.gang.start_step = 10
         for prog in reports:
             record_report(ctx, s, job, {"step": 11, **prog})
     return [(kind, reason) for _, kind, _, reason in world.events(job_id) if kind in ("batch", "lr")]
@@ -334,7 +334,7 @@ def test_the_rebatch_payback_uses_the_measured_remaining_work() -> None:
     with world.store.session() as s:
         job = s.get(Job, job_id)
         assert job is not None
-        job.gang_attempt, job.restart_overhead_s = 1, 60.0
+        job.gang.attempt, job.restart_overhead_s = 1, 60.0
         job.batch_json = json.dumps(BatchConfig(256, 32, 1).to_json())  # the gang trains the spec's batch
         job.step, job.total_steps = 0, 1000
         ctx.step_seconds[job_id] = (1, 0.01)

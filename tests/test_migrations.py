@@ -106,6 +106,12 @@ def _assert_upgraded_with_data(store: Store) -> None:
         assert conn.execute(text("SELECT address, reported_at FROM agent_reports")).all() == [("10.0.0.1:8", 14.0)]
         assert conn.execute(text("SELECT progress_json FROM agent_progress")).scalar_one() == '{"step": 60}'
         assert conn.execute(text("SELECT epoch, version FROM leases WHERE name = 'ctl'")).one() == (4, 17)
+        # The gang's fields left the jobs row for their own table, every job's values with them.
+        assert not {c["name"] for c in insp.get_columns("jobs")} & {
+            "gang_attempt", "gang_port", "gang_started_at", "gang_stopping", "gang_stop_deadline", "gang_start_step"}
+        assert conn.execute(text("SELECT job_id, attempt, port, started_at, stopping, stop_deadline, start_step"
+                                 " FROM gangs ORDER BY job_id")).all() == [
+            ("job-1", 0, 0, None, "", None, 40), ("job-2", 1, 29500, None, "", None, 0)]
     with store.session() as s:
         job = store.job(s, "old")
         assert isinstance(job, Job)
@@ -116,6 +122,8 @@ def _assert_upgraded_with_data(store: Store) -> None:
             ("i-1", 60.0, "spot-preemption")]
         assert [(e.from_state, e.to_state) for e in store.events(s, "job-1")] == [("RUNNING", "SUCCEEDED")]
         assert [j.job_id for j in store.job_page(s, states=["RUNNING"], limit=10)] == ["job-2"]
+        live = store.job(s, "live")
+        assert live is not None and (live.gang.attempt, live.gang.port) == (1, 29500)  # the running gang
         assert s.get(ProgressSample, 1).step == 60  # type: ignore[union-attr]
         # New rows go where the old ones are: an autoincrement id after theirs, a new table's row.
         s.add(ProgressSample(job_id="job-1", ts=1.0, clock_s=1.0, step=70, checkpoint_step=70))
@@ -182,7 +190,7 @@ def test_the_revisions_build_the_models_schema(tmp_path: Path) -> None:
         assert _schema_diff(conn, {t.name for t in Base.metadata.sorted_tables}) == []
     engine.dispose()
     assert {t.name for t in branch_tables(AGENTS)} == AGENT_TABLE_NAMES
-    assert {t.name for t in branch_tables(STATE)} == {"jobs", "instances", "decisions", "events", "leases",
+    assert {t.name for t in branch_tables(STATE)} == {"jobs", "gangs", "instances", "decisions", "events", "leases",
                                                       "progress_samples"}
 
 

@@ -23,6 +23,7 @@ from test_controller import (  # noqa: F401 - collected here again, on PostgreSQ
 )
 from test_hardening import test_finding1_hostile_progress_file_breaks_neither_the_tick_nor_other_jobs  # noqa: F401
 from test_service import test_sigkilled_controller_recovers_and_job_finishes  # noqa: F401
+from test_state import OLD_GANG_COLUMNS
 
 from autoscaler.state import Job, Store
 
@@ -54,6 +55,9 @@ def test_two_controllers_make_the_schema_at_once_and_it_evolves_additively(postg
         conn.execute(text("DROP TABLE alembic_version"))
         conn.execute(text("ALTER TABLE jobs DROP COLUMN batch_json"))
         conn.execute(text("ALTER TABLE jobs DROP COLUMN cancel_requested"))
+        conn.execute(text("DROP TABLE gangs"))  # the gang was columns of the jobs row then
+        for col, ddl in OLD_GANG_COLUMNS:
+            conn.execute(text(f"ALTER TABLE jobs ADD COLUMN {col} {ddl}"))
     with store.session() as s:
         s.execute(text("INSERT INTO jobs (job_id, name, controller_id, cloud, spec_json, workdir, checkpoint_uri, "
                        "state, reason, submitted_at, submitted_clock_s, attempt, gang_attempt, gang_port, "

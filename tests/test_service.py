@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PROTOCOL_WORKER, run_cli, start_controller, worker_pids, write_pw_spec
+from support import PROTOCOL_WORKER, assert_no_workers, run_cli, start_controller, worker_pids, write_pw_spec
 
 
 def last_json(out: str) -> object:
@@ -61,8 +61,7 @@ def test_sigkilled_controller_recovers_and_job_finishes(spotrain_home: Path, tmp
         done = wait_state(job_id, {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_BUDGET", "FAILED_NO_RESOURCE"})
         assert done["state"] == "SUCCEEDED", done
         assert done["final_model"]
-        time.sleep(0.3)
-        assert worker_pids(str(PROTOCOL_WORKER)) == []
+        assert_no_workers(str(PROTOCOL_WORKER))
         logs = run_cli("logs", job_id)
         assert logs.returncode == 0 and "controller-restart" in logs.stdout and "SUCCEEDED" in logs.stdout
 
@@ -90,8 +89,7 @@ def test_cancel_over_http(spotrain_home: Path, tmp_path: Path, monkeypatch: pyte
         assert dup.returncode != 0 and "already exists" in dup.stderr
         r = run_cli("cancel", job["job_id"])
         assert r.returncode == 0 and "CANCELLED" in r.stdout
-        time.sleep(0.3)
-        assert worker_pids(str(PROTOCOL_WORKER)) == []
+        assert_no_workers(str(PROTOCOL_WORKER))
         missing = run_cli("cancel", "no-such-job")
         assert missing.returncode != 0 and "no job" in missing.stderr
     finally:

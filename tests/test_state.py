@@ -8,6 +8,11 @@ from pathlib import Path
 
 from autoscaler.state import Job, Store
 
+# The jobs row's gang columns before they had a table of their own (migration state_0004).
+OLD_GANG_COLUMNS = (("gang_attempt", "INTEGER NOT NULL DEFAULT 0"), ("gang_port", "INTEGER NOT NULL DEFAULT 0"),
+                    ("gang_started_at", "FLOAT"), ("gang_stopping", "VARCHAR(32) NOT NULL DEFAULT ''"),
+                    ("gang_stop_deadline", "FLOAT"), ("gang_start_step", "BIGINT NOT NULL DEFAULT 0"))
+
 
 def test_an_older_database_gains_new_columns_and_keeps_its_jobs(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
@@ -16,6 +21,9 @@ def test_an_older_database_gains_new_columns_and_keeps_its_jobs(tmp_path: Path) 
     con.execute("DROP TABLE alembic_version")  # made before Alembic
     for col in ("stalled_restarts", "profile_json", "batch_json"):  # added by later releases
         con.execute(f"ALTER TABLE jobs DROP COLUMN {col}")
+    con.execute("DROP TABLE gangs")  # the gang was columns of the jobs row then
+    for col, ddl in OLD_GANG_COLUMNS:
+        con.execute(f"ALTER TABLE jobs ADD COLUMN {col} {ddl}")
     con.execute(
         "INSERT INTO jobs (job_id, name, controller_id, cloud, spec_json, workdir, checkpoint_uri, state, reason,"
         " submitted_at, submitted_clock_s, attempt, gang_attempt, gang_port, gang_stopping, restarts_on_errors,"

@@ -33,7 +33,7 @@ def match(job: Job, alloc: Allocation, usable: list[InstanceRow]) -> tuple[list[
     """Instances to keep (gang members first, then the oldest) and ``(offering_key, market)`` to launch."""
     keep: list[InstanceRow] = []
     missing: list[tuple[str, str]] = []
-    pool = sorted(usable, key=lambda r: (r.attempt != job.gang_attempt or not job.gang_attempt, r.launched_at_s))
+    pool = sorted(usable, key=lambda r: (r.attempt != job.gang.attempt or not job.gang.attempt, r.launched_at_s))
     for p in alloc.placements:
         have = [r for r in pool if r.offering_key == p.offering_key and r.market == p.market and r not in keep]
         keep.extend(have[: p.instances])
@@ -61,7 +61,7 @@ def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping
     usable = [r for r in rows if r.state in _USABLE]
     keep, missing = match(job, alloc, usable)
     surplus = [r for r in usable if r not in keep]
-    if job.gang_attempt:
+    if job.gang.attempt:
         ctx.releasing[job.job_id] = {r.instance_id for r in surplus}
         _change_running_gang(ctx, s, job, alloc, rows, keep, missing, surplus, by_key)
         return
@@ -88,7 +88,7 @@ def apply(ctx: Context, s: Session, job: Job, alloc: Allocation, by_key: Mapping
 def _change_running_gang(ctx: Context, s: Session, job: Job, alloc: Allocation, rows: list[InstanceRow],
                          keep: list[InstanceRow], missing: list[tuple[str, str]], surplus: list[InstanceRow],
                          by_key: Mapping[str, Offering]) -> None:
-    gang = [r for r in rows if r.attempt == job.gang_attempt]
+    gang = [r for r in rows if r.attempt == job.gang.attempt]
     if not (missing or surplus or {r.instance_id for r in gang} != {r.instance_id for r in keep}):
         _rebatch(ctx, s, job, alloc, gang)
         return
@@ -98,7 +98,7 @@ def _change_running_gang(ctx: Context, s: Session, job: Job, alloc: Allocation, 
             end_over_budget(ctx, s, job, why)
         # A running gang that was only to grow keeps running as it is.
         return
-    if not job.gang_stopping and not any(r.state == InstanceState.NOTICE.value for r in gang):
+    if not job.gang.stopping and not any(r.state == InstanceState.NOTICE.value for r in gang):
         tell_gang_to_stop(ctx, job, gang, "rescale")
         ctx.transition(s, job, JobState.RESCALING, f"resizing to {alloc.reason}")
     # Launch replacements now, while the old gang checkpoints (overlaps the notice window).
@@ -108,7 +108,7 @@ def _change_running_gang(ctx: Context, s: Session, job: Job, alloc: Allocation, 
 def _rebatch(ctx: Context, s: Session, job: Job, alloc: Allocation, gang: list[InstanceRow]) -> None:
     """The allocation keeps the running gang but trains better at another batch: restart it at a
     minibatch boundary (checkpoint, exit, start again with ``alloc.batch``) when that pays."""
-    if job.state != JobState.RUNNING.value or job.gang_stopping or any(r.state != InstanceState.RUNNING.value for r in gang):
+    if job.state != JobState.RUNNING.value or job.gang.stopping or any(r.state != InstanceState.RUNNING.value for r in gang):
         return
     gpus, per_node = sum(r.gpus for r in gang), max((r.gpus for r in gang), default=1)
     why = rebatch_reason(ctx, job, alloc.batch, gpus, per_node)

@@ -49,13 +49,13 @@ def on_instance_change(ctx: Context, s: Session, row: InstanceRow, state: Instan
         notice = {"reason": protocol.NOTICE_PREEMPTION, "deadline_unix_s": ctx.now() + ctx.timings.preemption_notice_s,
                   "detail": row.interruption}
         ctx.executor.notify(row.instance_id, notice)
-        if job is not None and job.gang_attempt and row.attempt == job.gang_attempt:
+        if job is not None and job.gang.attempt and row.attempt == job.gang.attempt:
             for peer in ctx.store.instances(s, job.job_id, alive_only=True):
-                if peer.attempt == job.gang_attempt and peer.instance_id != row.instance_id:
+                if peer.attempt == job.gang.attempt and peer.instance_id != row.instance_id:
                     ctx.executor.notify(peer.instance_id, notice)
         if job is not None:
             job.preemptions += 1
-            if job.gang_attempt and row.attempt == job.gang_attempt:
+            if job.gang.attempt and row.attempt == job.gang.attempt:
                 mark_disrupted(ctx, job)
             ctx.note(s, job, "preemption-notice", f"{row.instance_id} ({row.offering_key}, {row.market}): {row.interruption}")
     elif state is InstanceState.RUNNING and row.state == InstanceState.PENDING.value:
@@ -98,8 +98,8 @@ def observe_abandoned(ctx: Context, s: Session, job: Job) -> str | None:
     finished meanwhile ends the job as it ended (succeeded, or failed with its exit codes) and None is
     returned; otherwise the reason to fail it with, saying whether workers were still running."""
     rows = ctx.store.instances(s, job.job_id, alive_only=True)
-    gang = [r for r in rows if job.gang_attempt and r.attempt == job.gang_attempt]
-    states = [ctx.executor.status(r.instance_id, job.gang_attempt).state for r in gang]
+    gang = [r for r in rows if job.gang.attempt and r.attempt == job.gang.attempt]
+    states = [ctx.executor.status(r.instance_id, job.gang.attempt).state for r in gang]
     observe_gang(ctx, s, job, ctx.store.instances(s, job.job_id))
     if JobState(job.state).terminal:
         ctx.note(s, job, "owner-gone", f"the spotrain run that owned this job was killed; its workers had "
@@ -127,10 +127,10 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
             s.add(ProgressSample(job_id=job.job_id, ts=ctx.now(), clock_s=ctx.provider.now_s(), step=job.step,
                                  checkpoint_step=job.last_checkpoint_step))
             log.info("%s: checkpoint at step %d durable", job.job_id, job.last_checkpoint_step)
-    if not job.gang_attempt:
+    if not job.gang.attempt:
         return
-    gang = [r for r in rows if r.attempt == job.gang_attempt]
-    statuses = {r.instance_id: ctx.executor.status(r.instance_id, job.gang_attempt) for r in gang}
+    gang = [r for r in rows if r.attempt == job.gang.attempt]
+    statuses = {r.instance_id: ctx.executor.status(r.instance_id, job.gang.attempt) for r in gang}
     codes: dict[int, int] = {}
     for st in statuses.values():
         codes.update(st.exit_codes)
@@ -155,7 +155,7 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
         gang_failed_user(ctx, s, job, gang, rank, code)
     elif infra and (all_exited or bad or lost):
         _gang_lost(ctx, s, job, gang)
-    elif job.gang_stopping and job.gang_stop_deadline is not None and ctx.now() > job.gang_stop_deadline:
+    elif job.gang.stopping and job.gang.stop_deadline is not None and ctx.now() > job.gang.stop_deadline:
         # Told to checkpoint and exit, it has not (a rank hung in a collective, a script that does
         # not watch its notices): stop it, or the old gang and its replacements would both bill on.
         for r in gang:
@@ -164,7 +164,7 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
         gang_ended(ctx, s, job, f"the gang did not exit within {limit:.0f} s of being told to stop; "
                                 "stopped, resuming from the last checkpoint")
     else:
-        if any(c == protocol.EXIT_RESCHEDULE for c in codes.values()) and not job.gang_stopping:
+        if any(c == protocol.EXIT_RESCHEDULE for c in codes.values()) and not job.gang.stopping:
             # A rank checkpointed and left: its peers must follow, not wait for it in a collective.
             tell_gang_to_stop(ctx, job, gang, "peer-checkpointed")
         if job.state not in (JobState.RUNNING.value, JobState.RESCALING.value):
@@ -174,7 +174,7 @@ def observe_gang(ctx: Context, s: Session, job: Job, rows: list[InstanceRow]) ->
 def _gang_lost(ctx: Context, s: Session, job: Job, gang: list[InstanceRow]) -> None:
     for r in gang:
         ctx.executor.stop(r.instance_id)
-    if not _infra_lost(gang) and job.step <= job.gang_start_step:
+    if not _infra_lost(gang) and job.step <= job.gang.start_step:
         # Workers vanished on machines the cloud did not take back, before any progress: an agent
         # that cannot start them must not be restarted forever.
         job.stalled_restarts += 1
@@ -206,13 +206,13 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
     """Take rank 0's report. Values that are not finite numbers in range are ignored, field by field
     (one job's bad report must never stop the loop for the others)."""
     step = _int_field(prog, "step")
-    if step is not None and step > job.step and job.gang_attempt:
+    if step is not None and step > job.step and job.gang.attempt:
         seen = ctx.moving_since.get(job.job_id)
-        if seen is None or seen[0] != job.gang_attempt:
-            ctx.moving_since[job.job_id] = (job.gang_attempt, ctx.now())
+        if seen is None or seen[0] != job.gang.attempt:
+            ctx.moving_since[job.job_id] = (job.gang.attempt, ctx.now())
     if step is not None:
         marks = ctx.restart_marks.get(job.job_id)
-        if marks is not None and step > job.step and job.gang_attempt and "launched" in marks:
+        if marks is not None and step > job.step and job.gang.attempt and "launched" in marks:
             # Training moved again after a restart: the job's measured restart overhead, up to the
             # start of the step just reported (its duration is training, not restarting).
             step_s = _float_field(prog, "step_time_s")
@@ -221,9 +221,9 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
             ctx.restart_marks.pop(job.job_id, None)
         job.step = step
         per_step_s = _float_field(prog, "step_time_s")
-        if per_step_s is not None and per_step_s > 0 and job.gang_attempt:
-            ctx.step_seconds[job.job_id] = (job.gang_attempt, per_step_s * ctx.clock_rate)
-        if job.step > job.gang_start_step:
+        if per_step_s is not None and per_step_s > 0 and job.gang.attempt:
+            ctx.step_seconds[job.job_id] = (job.gang.attempt, per_step_s * ctx.clock_rate)
+        if job.step > job.gang.start_step:
             job.stalled_restarts = 0
     if (total := _int_field(prog, "total_steps")) is not None:
         job.total_steps = total
@@ -250,20 +250,20 @@ def succeed(ctx: Context, s: Session, job: Job) -> None:
 def tell_gang_to_stop(ctx: Context, job: Job, gang: list[InstanceRow], why: str) -> None:
     t = ctx.timings
     mark_disrupted(ctx, job)
-    job.gang_stopping = why
-    job.gang_stop_deadline = ctx.now() + t.stop_notice_s + t.stop_grace_s
+    job.gang.stopping = why
+    job.gang.stop_deadline = ctx.now() + t.stop_notice_s + t.stop_grace_s
     for r in gang:
         ctx.executor.notify(r.instance_id, {"reason": protocol.NOTICE_RESCALE, "deadline_unix_s": ctx.now() + t.stop_notice_s})
 
 
 def _clear_gang(job: Job) -> None:
-    job.gang_attempt = 0
-    job.gang_stopping = ""
-    job.gang_stop_deadline = None
+    job.gang.attempt = 0
+    job.gang.stopping = ""
+    job.gang.stop_deadline = None
 
 
 def gang_ended(ctx: Context, s: Session, job: Job, reason: str) -> None:
-    stopping = job.gang_stopping
+    stopping = job.gang.stopping
     _clear_gang(job)
     now_s = ctx.provider.now_s()
     marks = ctx.restart_marks.get(job.job_id)
@@ -287,7 +287,7 @@ def gang_failed_user(ctx: Context, s: Session, job: Job, gang: list[InstanceRow]
     tail = outcomes.traceback_tail(logfile)
     what = f"rank {rank} exited with code {code}" + (f": {tail[-1].strip()}" if tail else "") + f" (log: {logfile})"
     limit = ctx.spec(job).retries.max_restarts_on_errors
-    early = job.step <= job.gang_start_step
+    early = job.step <= job.gang.start_step
     if early and outcomes.repeated_early_failure(ctx.store, s, job, code):
         end_job(ctx, s, job, JobState.FAILED, outcomes.with_tail(
             f"user code failed: {what}; failed again before its first step with the same exit code, "
@@ -342,12 +342,12 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], b
     chose (the goodput optimizer's), given to the workers as ``SPOTRAIN_BATCH_JSON``."""
     spec = ctx.spec(job)
     job.attempt += 1
-    job.gang_attempt = job.attempt
-    master_addr, job.gang_port = ctx.executor.rendezvous(members[0].instance_id)
-    job.gang_started_at = ctx.now()
-    job.gang_start_step = job.step
-    job.gang_stopping = ""
-    job.gang_stop_deadline = None
+    job.gang.attempt = job.attempt
+    master_addr, job.gang.port = ctx.executor.rendezvous(members[0].instance_id)
+    job.gang.started_at = ctx.now()
+    job.gang.start_step = job.step
+    job.gang.stopping = ""
+    job.gang.stop_deadline = None
     world = sum(r.gpus for r in members)
     if job.job_id in ctx.restart_marks:
         ctx.restart_marks[job.job_id]["launched"] = max(r.launched_at_s for r in members)
@@ -384,7 +384,7 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], b
             ctx.executor.start(WorkerLaunch(
                 instance_id=r.instance_id, job_id=job.job_id, attempt=job.attempt, run=spec.run, setup=spec.setup,
                 cwd=job.workdir, ranks=list(range(rank, rank + r.gpus)), world_size=world,
-                master_addr=master_addr, master_port=job.gang_port, env=env, log_dir=log_dir,
+                master_addr=master_addr, master_port=job.gang.port, env=env, log_dir=log_dir,
             ))
             rank += r.gpus
     except Exception as exc:

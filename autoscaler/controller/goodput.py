@@ -147,7 +147,7 @@ def record_report(ctx: Context, s: Session, job: Job, prog: Mapping[str, Any]) -
     # Only the running gang's own reports: the last report of the gang before it (its step is the
     # checkpoint this gang started from) may arrive after this gang was told another batch.
     step = _num(prog.get("step"), 0, 2**62)
-    if reported is not None and job.gang_attempt and step is not None and step > job.gang_start_step:
+    if reported is not None and job.gang.attempt and step is not None and step > job.gang.start_step:
         current = batch_of(job)
         size = current.batch_size if current is not None else ctx.spec(job).training.global_batch_size
         # The workers say who chose their batch; a runtime that does not say followed a directive
@@ -285,7 +285,7 @@ def remaining_s(ctx: Context, job: Job) -> float | None:
     ``total_steps`` minus their ``step``) at the seconds per step the running gang reported. None
     when the gang has not reported both."""
     seen = ctx.step_seconds.get(job.job_id)
-    if seen is None or seen[0] != job.gang_attempt or not job.total_steps:
+    if seen is None or seen[0] != job.gang.attempt or not job.total_steps:
         return None
     return max(0, job.total_steps - job.step) * seen[1]
 

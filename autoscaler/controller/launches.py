@@ -105,9 +105,9 @@ def release_all(ctx: Context, s: Session, job: Job, why: str = "job ended") -> N
 def end_job(ctx: Context, s: Session, job: Job, to: JobState, reason: str, *, why: str = "job ended") -> None:
     """Release everything the job holds and move it to the terminal state ``to``."""
     release_all(ctx, s, job, why)
-    job.gang_attempt = 0
-    job.gang_stopping = ""
-    job.gang_stop_deadline = None
+    job.gang.attempt = 0
+    job.gang.stopping = ""
+    job.gang.stop_deadline = None
     if not JobState(job.state).terminal:
         job.finished_clock_s = ctx.provider.now_s()
     ctx.transition(s, job, to, reason)

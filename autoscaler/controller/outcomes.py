@@ -97,4 +97,4 @@ def repeated_early_failure(store: Store, s: Session, job: Job, code: int) -> boo
 
 def early_failure_mark(job: Job, code: int) -> str:
     """The ``EARLY_FAILURE`` event's reason for a failure with ``code`` before the attempt's first step."""
-    return f"exit code {code} before the first step after step {job.gang_start_step}"
+    return f"exit code {code} before the first step after step {job.gang.start_step}"

@@ -57,17 +57,17 @@ def _since_checkpoint_s(ctx: Context, job: Job) -> float | None:
         seen = (job.last_checkpoint_step, ctx.now())
         ctx.last_checkpoint[job.job_id] = seen
     moving = ctx.moving_since.get(job.job_id)
-    if not job.gang_attempt or moving is None or moving[0] != job.gang_attempt:
+    if not job.gang.attempt or moving is None or moving[0] != job.gang.attempt:
         return 0.0
     return max(0.0, ctx.now() - max(seen[1], moving[1])) * ctx.clock_rate
 
 
 def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mapping[str, Offering]) -> JobView:
     spec = ctx.spec(job)
-    gang = [r for r in rows if job.gang_attempt and r.attempt == job.gang_attempt]
+    gang = [r for r in rows if job.gang.attempt and r.attempt == job.gang.attempt]
     # A gang that is restarting anyway (lost or given notice, or between attempts) pays no extra
     # restart for a change of allocation.
-    restarting = (job.state in (JobState.RECOVERING.value, JobState.RESCALING.value) or not job.gang_attempt
+    restarting = (job.state in (JobState.RECOVERING.value, JobState.RESCALING.value) or not job.gang.attempt
                   or any(r.state in (InstanceState.NOTICE.value, InstanceState.TERMINATED.value) for r in gang))
     return JobView(
         job_id=job.job_id,

@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from autoscaler.jobs.domain import TERMINAL, JobState
 
-__all__ = ["TERMINAL", "JobState", "Base", "Job", "InstanceRow", "Decision", "Event", "AGENT_TABLE_NAMES"]
+__all__ = ["TERMINAL", "JobState", "Base", "Job", "Gang", "InstanceRow", "Decision", "Event", "AGENT_TABLE_NAMES"]
 
 # The remote executor's tables: Alembic branch ``agents`` (``migrate.py``); every other table is ``state``.
 AGENT_TABLE_NAMES = frozenset({"agent_assignments", "agent_reports", "agent_seqs", "agent_progress"})
@@ -52,17 +52,8 @@ class Job(Base):
     # When the job ended on the provider's clock (submitted_clock_s's clock): deadlines are kept there.
     finished_clock_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
-    # Attempt whose workers are running now (0: none).
-    gang_attempt: Mapped[int] = mapped_column(Integer, default=0)
-    gang_port: Mapped[int] = mapped_column(Integer, default=0)
-    gang_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # Set once a stop directive was sent to the running gang (rescale/cancel), with its reason.
-    gang_stopping: Mapped[str] = mapped_column(String(32), default="")
-    # Wall time by which a gang told to stop must have exited; past it the controller stops it.
-    gang_stop_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     restarts_on_errors: Mapped[int] = mapped_column(Integer, default=0)
-    # Step when the current gang started, and how many gangs in a row were lost before any progress.
-    gang_start_step: Mapped[int] = mapped_column(BigInteger, default=0)
+    # How many gangs in a row were lost before any progress.
     stalled_restarts: Mapped[int] = mapped_column(Integer, default=0)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
@@ -93,6 +84,38 @@ class Job(Base):
     # (issue 21, finding 9). "" for a job submitted before keys: it stays unsigned. A secret: never in
     # events, logs or API answers.
     checkpoint_key: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # The job's gang (its own table, ``gangs``), loaded with the job: a job read in one session is
+    # used after it closes (``expire_on_commit=False``).
+    gang_row: Mapped[Gang | None] = relationship(lazy="selectin", cascade="all, delete-orphan")
+
+    @property
+    def gang(self) -> Gang:
+        """The job's current (or last) gang; a job that has had none gets its empty record here (a job
+        written before the ``gangs`` table, or inserted in bulk, has no row until then)."""
+        if self.gang_row is None:
+            self.gang_row = Gang(job_id=self.job_id, attempt=0, port=0, stopping="", start_step=0)
+        return self.gang_row
+
+
+class Gang(Base):
+    """The gang of workers a job runs now or ran last: one row per job (``Job.gang``). Its own table,
+    not columns of ``jobs`` (issue 22): what changes with every gang start and stop is apart from
+    what describes the job."""
+
+    __tablename__ = "gangs"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    # Attempt whose workers are running now (0: none).
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # The rendezvous port rank 0 listens on for this attempt.
+    port: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Set once a stop directive was sent to the running gang (rescale/cancel), with its reason.
+    stopping: Mapped[str] = mapped_column(String(32), default="")
+    # Wall time by which a gang told to stop must have exited; past it the controller stops it.
+    stop_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The job's step when this gang started (progress past it means the gang was not stalled).
+    start_step: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class InstanceRow(Base):

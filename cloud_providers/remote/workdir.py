@@ -15,6 +15,14 @@ archive's URI, hash and size in the instance's assignment. Here the agent:
 
 Only the archive's hash is trusted, and it comes over the agent's TLS channel from the controller
 (``tls.py``), never from the store.
+
+Why this is not the workers' store layer (``runtime/store.py``, the same three kinds of store through
+the same clients), although issue 22 asks for one: the dependency rule leaves no package both may
+import that may do I/O (cloud_providers and runtime import nothing of each other; cost_models, which
+both could share, is pure), and fsspec reaches ``s3://`` only through s3fs, whose aiobotocore pins
+botocore to versions other than boto3's (s3fs 2026.9.0 would move botocore 1.43.11 to 1.43.117).
+What this module needs of a store is two calls (write an object unless it exists; read one up to
+a size), each a few lines per scheme.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from autoscaler.controller import FAULT_CRASH_AFTER_LAUNCH_ENV, FAULT_EXIT_CODE
 from cloud_providers.aws.instances import SPOT_TERMINATION
 from cloud_providers.base import TAG_CONTROLLER, TAG_DECISION, TAG_JOB
 from cloud_providers.protocol import ENV_JOB_ID
-from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
+from support import PROTOCOL_WORKER, assert_no_workers, run_cli, write_pw_spec
 
 from .harness import TEST_SPOT_PRICES, MotoServer, any_image_id, deliver_spot_interruption, ec2_client
 
@@ -314,8 +314,7 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
             ranks = sorted(r for m in members for r in m["ranks"])
             assert len(ports) == 1 and len(worlds) == 1, (job_id, attempt, members)
             assert ranks == list(range(worlds.pop())), (job_id, attempt, members)
-        time.sleep(0.3)
-        assert worker_pids(str(PROTOCOL_WORKER), str(spotrain_home)) == []
+        assert_no_workers(str(PROTOCOL_WORKER), str(spotrain_home))
 
     print_figures({
         "sigkills": kills,

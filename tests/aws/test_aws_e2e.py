@@ -25,7 +25,7 @@ from safetensors.numpy import load as load_safetensors
 
 from cloud_providers.aws.instances import SPOT_TERMINATION
 from cloud_providers.base import TAG_CONTROLLER
-from support import REPO, run_cli, start_controller, worker_pids
+from support import REPO, assert_no_workers, run_cli, start_controller
 
 from .harness import TEST_SPOT_PRICES, MotoServer, deliver_spot_interruption, ec2_client
 
@@ -146,5 +146,4 @@ def test_quickstart_on_moto_survives_spot_interruption(
         logs = run_cli("logs", job_id)
         assert logs.returncode == 0
         assert "preemption-notice" in logs.stdout and interrupted in logs.stdout
-        time.sleep(0.5)
-        assert worker_pids("train.py", str(spotrain_home)) == []
+        assert_no_workers("train.py", str(spotrain_home))

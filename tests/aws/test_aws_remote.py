@@ -37,7 +37,7 @@ from cloud_providers.aws import userdata
 from cloud_providers.aws.instances import SPOT_TERMINATION
 from cloud_providers.base import TAG_CONTROLLER
 from fakes.imds import FakeMetadataServer
-from support import REPO, start_controller, worker_pids
+from support import REPO, assert_no_workers, start_controller, worker_pids
 
 from .harness import TEST_SPOT_PRICES, MotoServer, complete_spot_interruption, ec2_client
 
@@ -226,6 +226,5 @@ def test_quickstart_runs_on_agents_and_survives_an_imds_spot_interruption(
         rank_logs = "".join(p.read_text() for m in machines.values() for p in (m.dir / "state" / "logs").rglob("*.log"))
         assert "resumed from checkpoint" in rank_logs, rank_logs[-2000:]
         assert all(state != "running" and state != "pending" for state in moto_instances(controller_id).values())
-        time.sleep(0.3)
-        assert worker_pids("train.py", str(spotrain_home)) == []
+        assert_no_workers("train.py", str(spotrain_home))
         assert worker_pids(AGENT_MODULE, str(spotrain_home)) == []

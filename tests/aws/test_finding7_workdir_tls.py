@@ -35,7 +35,7 @@ import pytest
 from cloud_providers.agent_boot import FETCH_WHEEL, PIP_WHEEL, installed_version
 from cloud_providers.aws import userdata
 from cloud_providers.remote.tls import pinned_context
-from support import agent_signer, start_controller, worker_pids
+from support import agent_signer, assert_no_workers, start_controller
 
 from .harness import TEST_SPOT_PRICES, MotoServer, ec2_client
 from .test_aws_remote import AGENT_MODULE, TERMINAL, Machine, free_port, moto_instances
@@ -185,5 +185,4 @@ def test_finding7_workdir_ships_through_the_store_and_agents_talk_tls(spotrain_h
     rank_log = next((machine.dir / "state" / "logs").rglob("attempt-1-rank-0.log")).read_text()
     assert f"cwd={unpacked}" in rank_log and "msg=shipped through the store" in rank_log, rank_log
     assert "secret=False" in rank_log
-    time.sleep(0.3)
-    assert worker_pids(AGENT_MODULE, str(spotrain_home)) == []
+    assert_no_workers(AGENT_MODULE, str(spotrain_home))

@@ -78,11 +78,9 @@ class FakeGceMetadata:
 
     def wait_for_waiters(self, n: int = 1, timeout_s: float = 5.0) -> None:
         """Block until ``n`` long-polls are waiting (so a test flips a value under a waiting client)."""
-        deadline = time.monotonic() + timeout_s
-        while self.waits < n:
-            if time.monotonic() > deadline:
+        with self._changed:  # a long-poll that starts waiting notifies
+            if not self._changed.wait_for(lambda: self.waits >= n, timeout_s):
                 raise AssertionError(f"{self.waits} long-polls waiting, expected {n}")
-            time.sleep(0.01)
 
     # --- HTTP
     def _answer(self, key: str, query: dict[str, str]) -> tuple[int, str, str]:
@@ -95,6 +93,7 @@ class FakeGceMetadata:
                 timeout_s = min(float(query.get("timeout_sec", MAX_WAIT_S)), MAX_WAIT_S)
                 deadline = time.monotonic() + timeout_s
                 self.waits += 1
+                self._changed.notify_all()  # for wait_for_waiters (a waiting long-poll re-checks, waits on)
                 try:
                     while etag_of(self.values[key]) == last and not self._closing:
                         left = deadline - time.monotonic()

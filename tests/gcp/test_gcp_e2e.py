@@ -37,7 +37,7 @@ from safetensors.numpy import load as load_safetensors
 
 from cloud_providers.base import TAG_CONTROLLER
 from cloud_providers.gcp.labels import decode_labels
-from support import REPO, run_cli, start_controller, worker_pids
+from support import REPO, assert_no_workers, run_cli, start_controller
 
 from .conftest import api_job
 from .fake_compute import FakeCompute
@@ -183,7 +183,6 @@ def test_quickstart_on_the_gcp_fake_survives_a_preemption_with_gcs_checkpoints(
         assert logs.returncode == 0
         assert "preemption-notice" in logs.stdout and preempted in logs.stdout
         assert "resumed from checkpoint" in logs.stdout
-        time.sleep(0.5)
-        assert worker_pids("train.py", str(spotrain_home)) == []
+        assert_no_workers("train.py", str(spotrain_home))
     print(f"\ngcp e2e: {job['attempts']} attempts, {job['preemptions']} preemption(s), "
           f"{len(names)} checkpoint objects, {time.time() - began:.1f} s")

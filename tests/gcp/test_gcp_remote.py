@@ -35,7 +35,7 @@ from aws.test_aws_remote import free_port, session_pids
 from cloud_providers.base import TAG_CONTROLLER
 from cloud_providers.gcp import userdata
 from cloud_providers.gcp.labels import decode_labels
-from support import PROTOCOL_WORKER, REPO, start_controller, worker_pids, write_pw_spec
+from support import PROTOCOL_WORKER, REPO, assert_no_workers, start_controller, worker_pids, write_pw_spec
 
 from .fake_compute import FakeCompute
 from .fake_metadata import FakeGceMetadata
@@ -176,6 +176,5 @@ def test_a_job_runs_on_agents_and_survives_a_preemption_seen_on_the_metadata_ser
     assert len(machines) >= 2, machines.keys()  # the replacement booted its own agent
     assert compute.instance(preempted.name) is None
     assert ours(compute, controller_id) == {}
-    time.sleep(0.3)
-    assert worker_pids(str(PROTOCOL_WORKER), str(spotrain_home)) == []
+    assert_no_workers(str(PROTOCOL_WORKER), str(spotrain_home))
     assert worker_pids(AGENT_MODULE, str(spotrain_home)) == []

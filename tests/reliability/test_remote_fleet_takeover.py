@@ -35,7 +35,7 @@ from gcp.fake_compute import FakeCompute
 from gcp.test_gcp_remote import Machine, boot, ours
 
 from autoscaler.state.lease import read_lease
-from support import PROTOCOL_WORKER, free_port, worker_pids, write_pw_spec
+from support import PROTOCOL_WORKER, assert_no_workers, free_port, worker_pids, write_pw_spec
 
 from .figures import record
 
@@ -236,8 +236,7 @@ def test_a_takeover_keeps_the_remote_agents_and_the_job_succeeds(spotrain_home: 
     assert "controller-restart" in logs and "LOST" not in logs, logs[-3000:]
     assert (fleet_dir / "agent-token").stat().st_mode & 0o777 == 0o600
     assert not (home_a / "agent-token").exists() and not (home_b / "agent-token").exists()
-    time.sleep(0.3)
-    assert worker_pids(str(PROTOCOL_WORKER), str(spotrain_home)) == []
+    assert_no_workers(str(PROTOCOL_WORKER), str(spotrain_home))
     assert worker_pids(AGENT_MODULE, str(spotrain_home)) == []
     print(f"\nremote-agent fleet takeover: the standby led {takeover_s:.1f} s after the leader's SIGKILL; "
           f"the job succeeded {done_after_kill_s:.1f} s after it, on its first VM and attempt")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -80,21 +79,24 @@ def test_finding3_an_upgraded_controller_seeds_the_fleet_key_with_its_own(tmp_pa
 
 # ----- finding 8: liveness on a monotonic clock ---------------------------------------------------------
 class SteppedWallClock:
-    """The wall clock as the controller's clock seam gives it, with a step injected by the test."""
+    """The wall clock as the controller's clock seam gives it: the time that passes (``mono``) plus
+    a step injected by the test."""
 
-    def __init__(self) -> None:
+    def __init__(self, mono: FakeClock) -> None:
+        self.mono = mono
         self.step_s = 0.0
 
     def __call__(self) -> float:
-        return time.time() + self.step_s
+        return 1_700_000_000.0 + self.mono.now + self.step_s
 
 
 def test_finding8_a_wall_clock_step_neither_loses_healthy_agents_nor_hides_a_dead_one(store: Store) -> None:
-    """The executor's wall clock (its ``clock`` seam) jumps +60 s, then -1 h; real time passes as it
-    does. On main liveness compared wall times: the +60 s step made the healthy agent LOST at once,
-    and after the -1 h step a dead agent stayed RUNNING for an hour."""
-    wall = SteppedWallClock()
-    executor = RemoteExecutor(store, agent_token=TOKEN, lost_after_s=1.0, clock=wall)
+    """The executor's wall clock (its ``clock`` seam) jumps +60 s, then -1 h, while time passes on the
+    monotonic seam. On main liveness compared wall times: the +60 s step made the healthy agent LOST
+    at once, and after the -1 h step a dead agent stayed RUNNING for an hour."""
+    mono = FakeClock()
+    wall = SteppedWallClock(mono)
+    executor = RemoteExecutor(store, agent_token=TOKEN, lost_after_s=1.0, clock=wall, monotonic=mono)
     executor.start(launch("i-1"))
     executor.start(launch("i-2"))
     executor.record_report("i-1", Report(attempt=1, state="running"))
@@ -105,7 +107,7 @@ def test_finding8_a_wall_clock_step_neither_loses_healthy_agents_nor_hides_a_dea
     assert executor.status("i-1", 1).state is GangState.RUNNING
     assert executor.status("i-2", 1).state is GangState.RUNNING  # i-2 went silent just now
     wall.step_s = -3600.0  # and back an hour
-    time.sleep(1.2)  # i-2 stays silent for longer than lost_after_s
+    mono.now += 1.2  # i-2 stays silent for longer than lost_after_s
     executor.record_report("i-1", Report(attempt=1, state="running"))
     assert executor.status("i-1", 1).state is GangState.RUNNING
     assert executor.status("i-2", 1).state is GangState.LOST

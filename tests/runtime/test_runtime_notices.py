@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import rt_launch
+from cost_models.spot_notices import AwsImds, GceMetadata
 from fakes.imds import FakeMetadataServer
 from runtime import protocol
 from runtime.config import NoticeConfig
-from runtime.notices import GcePreemptedPoller, ImdsNoticePoller, NoticeWatcher, read_notice_file
+from runtime.errors import NoticeSourceError
+from runtime.notices import NoticeWatcher, UrllibTransport, read_notice_file
+from support import wait_until
 
 
 def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
@@ -27,9 +31,14 @@ def test_notice_file_is_read_leniently(tmp_path: Path) -> None:
     assert n is not None and n.reason == protocol.NOTICE_PREEMPTION
 
 
-def test_imds_and_gce_pollers_against_the_fake() -> None:
+def test_the_urllib_transport_against_the_fake() -> None:
+    """The runtime's transport under the shared client (tests/cost_models/test_spot_notices.py has the
+    protocol's cases): real HTTP to the loopback fake, an error status as an answer, no answer as
+    the runtime's own error."""
     with FakeMetadataServer() as fake:
-        aws, gce = ImdsNoticePoller(fake.endpoint), GcePreemptedPoller(fake.endpoint)
+        transport = UrllibTransport()
+        aws = AwsImds(transport, fake.endpoint, rebalance=True)
+        gce = GceMetadata(transport, fake.endpoint, wait_for_change=False)
         assert aws.check() == [] and gce.check() == []
         fake.recommend_rebalance()
         (rebalance,) = aws.check()
@@ -42,6 +51,10 @@ def test_imds_and_gce_pollers_against_the_fake() -> None:
         (pre,) = gce.check()
         assert pre.source == "gce-metadata" and pre.stop
         assert ("PUT", "/latest/api/token") in fake.requests  # IMDSv2 session token first
+        status, _, headers = transport.request("GET", f"{fake.endpoint}/latest/meta-data/instance-id", {}, 1.0)
+        assert status == 401 and "content-type" in headers  # no token: an answer, not an exception
+    with pytest.raises(NoticeSourceError, match="GCE metadata preempted"):
+        GceMetadata(UrllibTransport(), "http://127.0.0.1:9", timeout_s=0.2).check()  # nothing listens there
 
 
 def test_watcher_contacts_no_metadata_server_unless_named(tmp_path: Path) -> None:
@@ -49,15 +62,15 @@ def test_watcher_contacts_no_metadata_server_unless_named(tmp_path: Path) -> Non
         fake.notice_spot_interruption()
         watcher = NoticeWatcher(NoticeConfig(aws_imds_endpoint=fake.endpoint, poll_interval_s=0.01,
                                              handle_sigterm=False)).start()
-        time.sleep(0.1)
+        # No polling thread, so nothing can reach the server later either (poll() reads only the
+        # notice file and the SIGTERM flag): checked at once, rather than after a guessed wait.
+        assert not [t for t in threading.enumerate() if t.name == "spotrain-notices"]
         assert watcher.poll() == (None, None)
         watcher.close()
         assert fake.requests == []
         watcher = NoticeWatcher(NoticeConfig(sources=("aws-imds",), aws_imds_endpoint=fake.endpoint,
                                              poll_interval_s=0.01, handle_sigterm=False)).start()
-        deadline = time.time() + 5
-        while watcher.poll()[0] is None and time.time() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: watcher.poll()[0], 5, "the IMDS notice")
         watcher.close()
         stop, _ = watcher.poll()
         assert stop is not None and stop.source == "aws-imds"
@@ -127,9 +140,7 @@ def test_gce_preemption_and_aws_rebalance(tmp_path: Path) -> None:
         procs = rt_launch.start(1, env)
         _wait_for_step(tmp_path / "gce-progress.json", 2)
         fake.recommend_rebalance()  # checkpoint now, keep training
-        deadline = time.time() + 30
-        while not list((tmp_path / "gce").glob("checkpoints/*/manifest.json")) and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: list((tmp_path / "gce").glob("checkpoints/*/manifest.json")), 30, "the rebalance checkpoint")
         assert procs[0].poll() is None
         early = sorted(int(p.parent.name) for p in (tmp_path / "gce").glob("checkpoints/*/manifest.json"))
         fake.preempt_gce()
