@@ -151,7 +151,8 @@ def _memo_key(job: JobView, eligibility: tuple[object, ...]) -> tuple[object, ..
     """Everything ``plan_job`` reads from a job, except its id (the spec by identity: a copy of an
     equal spec only misses the cache)."""
     return (id(job.spec), eligibility, job.submitted_s, job.progress, job.held, job.cost_so_far_usd, job.restart_overhead_s,
-            tuple(sorted(job.recent_capacity_failures.items())), id(job.scaling), job.since_checkpoint_s, job.restarting)
+            tuple(sorted(job.recent_capacity_failures.items())), id(job.scaling), job.since_checkpoint_s, job.restarting,
+            job.state_location, job.checkpoint_size_gb, job.region_moves)
 
 
 def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping[str, Offering]) -> list[Allocation]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from autoscaler.jobs.domain import Outcome
 from cloud_providers.base import SPOT
+from cost_models import moves as mv
 from cost_models import objective
 
 from .jobmath import gang_rate, on_demand_allowed, spot_allowed
@@ -103,7 +104,15 @@ def stick_or_switch(ctx: PlanContext, allowed: list[Candidate], st: DeadlineStat
     speed trades a certain restart for a guessed lifetime, so only a faster gang, or a spot offering
     whose expected saving pays ``switch_margin`` restarts (``big_switch_margin`` with less cushion),
     may replace it - and, under a deadline, only while the slack the restart spends leaves the job
-    ``switch_cushion_cycles`` (``big_cushion_cycles``) restart cycles above the reserve."""
+    ``switch_cushion_cycles`` (``big_cushion_cycles``) restart cycles above the reserve.
+
+    No freeze (issue 23): besides, at every decision outside the Safety Net, the gang is re-priced
+    against each alternative with the whole move priced in (``PlanContext.move``: restart, transfer
+    time and egress, the downtime valued at the deadline-weighted price): it moves when the saving
+    over the expected stay pays ``reprice_margin`` times that, and the slack after the move still
+    covers one preemption above the Safety Net - so a tight deadline no longer pins a job to a dear
+    zone once a cheaper one is back. Every voluntary move's bar is raised by the moves the job has
+    already made (``move_hysteresis``), so a flapping set of zones is not chased."""
     job, cur, d, lag, p = ctx.job, ctx.cur, ctx.d, ctx.lag, ctx.params
     keep = [c for c in allowed if c.placements == cur]
     if keep and not job.restarting and all(pl.market == SPOT for pl in cur):
@@ -112,11 +121,26 @@ def stick_or_switch(ctx: PlanContext, allowed: list[Candidate], st: DeadlineStat
         ahead = st.mode == "ahead"
         room_ok = no_deadline or (ahead and st.slack_s - d - lag > st.reserve_s + p.switch_cushion_cycles * (d + lag))
         big_ok = no_deadline or (ahead and st.slack_s - d - lag > st.reserve_s + p.big_cushion_cycles * (d + lag))
+        hyst = ctx.move_hysteresis()
 
         def worth(c: Candidate) -> bool:
+            mc = ctx.move(c.placements, c.price_usd_per_hour)
+            # The part of the move beyond a restart: egress, and the transfer time at the new price.
+            extra = mc.egress_usd + mc.transfer_s / 3600 * c.price_usd_per_hour
             saving = switch_saving_usd(k0, c, ctx.w_rem, ctx.lifes_h, d)
             unit = d / 3600 * c.price_usd_per_hour
-            return (room_ok and saving > p.switch_margin * unit) or (big_ok and saving > p.big_switch_margin * unit)
+            if (room_ok and saving > hyst * (p.switch_margin * unit + extra)) or (
+                    big_ok and saving > hyst * (p.big_switch_margin * unit + extra)):
+                return True
+            return repriced(c, mc)
+
+        def repriced(c: Candidate, mc: mv.MoveCost) -> bool:
+            if st.mode == "safety-net":
+                return False
+            if st.mode != "free" and st.slack_s - mc.downtime_s - lag < st.safety_s + d + lag:
+                return False
+            saving = switch_saving_usd(k0, c, ctx.w_rem, ctx.lifes_h, ctx.loss_eff_s)
+            return saving > p.reprice_margin * hyst * mc.total_usd
 
         movers = [c for c in allowed if c is not k0 and (
             (c.rate > k0.rate * (1 + 1e-9) and c.score > k0.score)
