@@ -65,3 +65,18 @@ def move_egress_usd(state_location: str | None, new_location: str | None, size_g
     if state_location is None or new_location is None or not is_move(state_location, new_location):
         return 0.0
     return mv.egress_usd(max(0.0, size_gb), egress_usd_per_gb_between(state_location, new_location))
+
+
+def carry_state(state_location: str | None, new_location: str | None, *, has_state: bool,
+                size_gb: float) -> tuple[str | None, float, bool]:
+    """A new gang starts at ``new_location``: (where the state lives now, the egress it bills, whether
+    that was a move). The billing rule the controller and the simulator's fast path share: a job
+    with state (progress made) carries it to a gang in another region or cloud, billed at the
+    catalog's egress price; a job without state just starts there."""
+    if new_location is None:
+        return state_location, 0.0, False
+    if not has_state or state_location is None:
+        return new_location, 0.0, False
+    if new_location == state_location:
+        return state_location, 0.0, False
+    return new_location, move_egress_usd(state_location, new_location, size_gb), True

@@ -122,12 +122,15 @@ def stick_or_switch(ctx: PlanContext, allowed: list[Candidate], st: DeadlineStat
         room_ok = no_deadline or (ahead and st.slack_s - d - lag > st.reserve_s + p.switch_cushion_cycles * (d + lag))
         big_ok = no_deadline or (ahead and st.slack_s - d - lag > st.reserve_s + p.big_cushion_cycles * (d + lag))
         hyst = ctx.move_hysteresis()
+        # The time the job expects to stay: no longer than it has stayed per move so far.
+        elapsed_h = max(0.0, ctx.inp.now_s - job.submitted_s) / 3600.0
+        stay_cap_h = elapsed_h / job.region_moves if job.region_moves > 0 else math.inf
 
         def worth(c: Candidate) -> bool:
             mc = ctx.move(c.placements, c.price_usd_per_hour)
             # The part of the move beyond a restart: egress, and the transfer time at the new price.
             extra = mc.egress_usd + mc.transfer_s / 3600 * c.price_usd_per_hour
-            saving = switch_saving_usd(k0, c, ctx.w_rem, ctx.lifes_h, d)
+            saving = switch_saving_usd(k0, c, ctx.w_rem, ctx.lifes_h, d, stay_cap_h)
             unit = d / 3600 * c.price_usd_per_hour
             if (room_ok and saving > hyst * (p.switch_margin * unit + extra)) or (
                     big_ok and saving > hyst * (p.big_switch_margin * unit + extra)):
@@ -139,7 +142,7 @@ def stick_or_switch(ctx: PlanContext, allowed: list[Candidate], st: DeadlineStat
                 return False
             if st.mode != "free" and st.slack_s - mc.downtime_s - lag < st.safety_s + d + lag:
                 return False
-            saving = switch_saving_usd(k0, c, ctx.w_rem, ctx.lifes_h, ctx.loss_eff_s)
+            saving = switch_saving_usd(k0, c, ctx.w_rem, ctx.lifes_h, ctx.loss_eff_s, stay_cap_h)
             return saving > p.reprice_margin * hyst * mc.total_usd
 
         movers = [c for c in allowed if c is not k0 and (
@@ -151,15 +154,17 @@ def stick_or_switch(ctx: PlanContext, allowed: list[Candidate], st: DeadlineStat
     return allowed
 
 
-def switch_saving_usd(cur: Candidate, new: Candidate, w_rem: float, lifes_h: Mapping[str, float], d: float) -> float:
+def switch_saving_usd(cur: Candidate, new: Candidate, w_rem: float, lifes_h: Mapping[str, float], d: float,
+                      stay_cap_h: float = math.inf) -> float:
     """Expected saving of moving a running spot gang to ``new``: the difference of the prices with
     each offering's restarts priced in (one per expected remaining run), over the shorter of the time
-    left to finish and the new offering's expected remaining run."""
+    left to finish, the new offering's expected remaining run and ``stay_cap_h`` (how long the job
+    has stayed per move so far: a market that made it move often will again)."""
     def life(c: Candidate) -> float:
         return min((lifes_h.get(p.offering_key, 0.0) for p in c.placements if p.market == SPOT), default=math.inf)
 
     def eff(c: Candidate) -> float:
         return c.price_usd_per_hour / c.rate * (1.0 + d / 3600.0 / max(life(c), 1e-9))
 
-    hours = min(w_rem / new.rate / 3600.0, life(new))
+    hours = min(w_rem / new.rate / 3600.0, life(new), stay_cap_h)
     return max(0.0, eff(cur) - eff(new)) * new.rate * hours
