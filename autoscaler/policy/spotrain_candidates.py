@@ -138,8 +138,12 @@ class PlanContext:
         per_gb = egress_usd_per_gb_between(src, dst) if src is not None and dst is not None else 0.0
         bw = bandwidth_gb_per_s(src, dst) if src is not None and dst is not None else mv.DEFAULT_TRANSFER_GB_PER_S
         restart_s = self.switch_s(pl)
-        if restart_s == 0.0:
-            per_gb = 0.0  # an intact gang where it is: nothing moves
+        if restart_s == 0.0 or (pl == self.cur and self.job.restarting):
+            # An intact gang where it is: nothing moves. Or the gang the job is starting already (a
+            # move decided a moment ago, whose old gang is still checkpointing: the controller sees
+            # the new instances as held before the state has moved): the move was priced when it was
+            # decided, and pricing it again would send the job straight back.
+            per_gb = 0.0
         return mv.move_cost(size_gb=self.size_gb, egress_usd_per_gb=per_gb, restart_s=restart_s,
                             time_usd_per_hour=price_usd_per_hour * weight, bandwidth_gb_per_s=bw)
 
