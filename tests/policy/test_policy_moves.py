@@ -130,3 +130,40 @@ def test_checkpoint_size_changes_the_choice() -> None:
     assert heavy_res.region_moves == _region_moves(heavy.log)  # type: ignore[attr-defined]
     assert heavy_res.egress_usd == pytest.approx(heavy_res.region_moves * 4000 * 0.02)  # type: ignore[attr-defined]
     assert light_res.egress_usd == 0.0 and light_res.region_moves == _region_moves(light.log)  # type: ignore[attr-defined]
+
+
+def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it() -> None:
+    """The controller on the virtual clock (what ``spotrain simulate`` runs): same moves, same egress,
+    same cost as the fast path; the job's ``status --json`` fields carry them, and the run summary
+    prints the egress."""
+    from sqlalchemy import select
+
+    from autoscaler.cli.render import summary
+    from autoscaler.jobs.summary import summary_dict
+    from autoscaler.simulator.executor import SimWorkload
+    from autoscaler.simulator.world import World
+    from autoscaler.state import InstanceRow, Job
+
+    spec = _spec(48, 50.4, size_gb=4000)
+    sim = Simulation(_freeze_trace(), spec)
+    job = make_sim_job(spec, restart_overhead_s=720)
+    fast = run_named(sim, job, "spotrain", 0.0)
+    world = World(sim.trace, get_policy("spotrain"), start_s=0.0, grid_s=sim.grid_s, watch_keys=sim.keys,
+                  market_watch=sim.watch)
+    job_id = world.submit(spec, SimWorkload(work_s=job.work, scaling=job.scaling, restart_overhead_s=720,
+                                            checkpoint_save_s=30.0, checkpoint_interval_s=spec.checkpoint.interval_s))
+    world.run(horizon_s=60 * H)
+    o = world.outcome(job_id)
+    assert (o.region_moves, o.egress_usd) == (fast.region_moves, pytest.approx(fast.egress_usd))
+    assert fast.region_moves >= 1 and fast.egress_usd == pytest.approx(fast.region_moves * 80.0)
+    assert o.cost_usd == pytest.approx(fast.cost_usd, rel=0.005)
+    with world.store.session() as s:
+        row = s.get(Job, job_id)
+        assert row is not None
+        rows = list(s.scalars(select(InstanceRow).where(InstanceRow.job_id == job_id)))
+        j = summary_dict(row, rows)
+        instances_usd = sum(r.cost_usd for r in rows)
+    assert j["egress_usd"] == pytest.approx(o.egress_usd) and j["region_moves"] == o.region_moves
+    assert j["cost_usd"] == pytest.approx(instances_usd + o.egress_usd)  # egress is in the job's cost
+    assert "egress $80.00 for 1 move(s)" in summary(j)
+    assert any(kind == "moved" and "4000 GB" in reason for _, kind, _, reason in world.events(job_id))
