@@ -13,7 +13,10 @@ applies the returned allocation the way the controller and the cloud would:
 - Any change of the running gang (a worker added, removed or lost) restarts it: ``restart_overhead_s``
   of billed time without progress (the job's measured checkpoint + restart time).
 - Billing is per second at the price of the moment; progress is the job's scaling model times the
-  accelerator's speed (``cost_models.scaling``).
+  accelerator's speed (``cost_models.scaling``). A new gang in another region or cloud than the one
+  that wrote the job's state carries it: egress at the catalog's price for ``checkpoint.size_gb``,
+  billed into the cost (``policy.moves.carry_state``, the controller's rule), and counted
+  (``SimResult.egress_usd``, ``region_moves``).
 - The hard budget is the controller's own (``controller/budget.py``): the guard first at every event
   (spend plus the burn rate until its next check, at the controller's horizon for a ``grid_s`` tick),
   a wake-up when it would stop the job, and the launch check before instances are added. The policy

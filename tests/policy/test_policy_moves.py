@@ -4,9 +4,11 @@ simulator's fast path (``run_named``), which shares the controller's billing rul
 
 - Freeze: a never-preempted zone at $2.40/h next to one at $0.92/h that is out from 1 h to 3 h, a
   48 h job at deadline ratio 1.05, 12-minute restarts (the issue's $69.91/h case, scaled). main moved
-  to the dear zone at 1 h and stayed there for the rest of the job ($53.37; omniscient $45.23).
+  to the dear zone at 1 h and stayed there 3.8 h after the cheap one was back ($53.37; this policy
+  $47.70, omniscient $45.23).
 - Thrash: four zones in four regions whose cheapest rotates every 2 h (never preempted); main moved
-  about every rotation (11 region moves), where staying put costs about as much.
+  about every rotation (11 region moves, $21.57), where this policy moves 3 times ($21.93) and
+  omniscient, with no deadline, stays in one region ($19.36).
 - Size: the same freeze trace with a 4,000 GB checkpoint ($80 a move between GCP regions, over an hour
   of transfer): the policy moves less than with none.
 """
