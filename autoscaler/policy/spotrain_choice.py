@@ -37,10 +37,13 @@ def budget_filter(ctx: PlanContext, scored: Sequence[Candidate], allowed: list[C
     left = budget - job.cost_so_far_usd
     fits, comfy = [], []
     for c in scored:
-        switch = ctx.switch_s(c.placements)
-        nominal = c.price_usd_per_hour * (w_rem / c.rate + switch) / 3600
+        move = ctx.move(c.placements, c.price_usd_per_hour)
+        switch = ctx.switch_s(c.placements) + move.transfer_s
+        # A move to another region or cloud also bills its egress (issue 23).
+        nominal = c.price_usd_per_hour * (w_rem / c.rate + switch) / 3600 + move.egress_usd
         lam = ctx.hazard(c.placements)
-        expected = c.price_usd_per_hour * (w_rem / c.rate / objective.productive_fraction(lam, ctx.loss_s) + switch) / 3600
+        expected = (c.price_usd_per_hour * (w_rem / c.rate / objective.productive_fraction(lam, ctx.loss_s) + switch) / 3600
+                    + move.egress_usd)
         if nominal <= left and c.price_usd_per_hour * lag / 3600 <= left:
             fits.append(c)
             if expected <= left:

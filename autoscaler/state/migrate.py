@@ -126,6 +126,8 @@ def _adopt(conn: Connection, branch: str) -> str:
         if not {"ix_jobs_state_submitted", "ix_jobs_submitted"} <= names:
             return revision
         columns = {c["name"] for c in insp.get_columns("jobs")}
+        if "region_moves" in columns:
+            return "state_0004"
         return "state_0003" if "checkpoint_key" in columns else "state_0002"
     return "agents_0002" if insp.has_table("agent_seqs") else revision
 

@@ -16,6 +16,7 @@ simulator's fast path (``run_named``), which shares the controller's billing rul
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,27 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
     assert j["cost_usd"] == pytest.approx(instances_usd + o.egress_usd)  # egress is in the job's cost
     assert "egress $80.00 for 1 move(s)" in summary(j)
     assert any(kind == "moved" and "4000 GB" in reason for _, kind, _, reason in world.events(job_id))
+
+
+def test_size_gb_is_checked_at_the_edge_and_simulate_json_shows_egress(tmp_path: Path) -> None:
+    """``checkpoint.size_gb`` out of range: one line naming the field, exit 2, no traceback. In range:
+    ``spotrain simulate --json`` reports the egress and the moves (DESIGN.md's wave 3 keys)."""
+    import json
+
+    from support import run_cli, write_pw_spec
+
+    spec = write_pw_spec(tmp_path, extra="checkpoint: {size_gb: -3}\n")
+    bad = run_cli("validate", str(spec))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "checkpoint.size_gb" in bad.stderr, bad.stderr
+    trace = tmp_path / "freeze.csv"
+    trace.write_text(HEADER + "".join(
+        line for line in (_row(0, "us-central1", "us-central1-a", 2.40, 1), _row(0, "us-east1", "us-east1-b", 0.92, 1),
+                          _row(1 * H, "us-east1", "us-east1-b", 0.92, 0), _row(3 * H, "us-east1", "us-east1-b", 0.92, 1))))
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\nrun: x\nresources: {accelerators: ['V100:1'], clouds: [gcp]}\n"
+                   "objective: {deadline: 50.4h}\ncheckpoint: {size_gb: 4000}\nsimulate: {work_gpu_hours: 48}\n")
+    out = run_cli("simulate", "--trace", str(trace), "--job", str(job), "--restart-overhead-hours", "0.2", "--json")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["region_moves"] >= 1 and row["egress_usd"] == pytest.approx(80.0 * row["region_moves"])
