@@ -194,3 +194,39 @@ def test_size_gb_is_checked_at_the_edge_and_simulate_json_shows_egress(tmp_path:
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["region_moves"] >= 1 and row["egress_usd"] == pytest.approx(80.0 * row["region_moves"])
+
+
+def test_the_controller_bills_the_measured_size_once_reported() -> None:
+    """The runtime's ``checkpoint_size_gb`` replaces the spec's value in the controller's egress bill,
+    and a gang in the region where the state already lives bills nothing."""
+    from autoscaler.controller.gangs import _carry_state, apply_progress
+    from autoscaler.state import InstanceRow, Job
+
+    notes: list[tuple[str, str]] = []
+
+    class _Ctx:
+        def spec(self, job: Job) -> JobSpec:
+            return _spec(1, None, size_gb=4000)
+
+        def note(self, s: object, job: Job, kind: str, reason: str) -> None:
+            notes.append((kind, reason))
+
+    def gang(cloud: str, region: str) -> list[InstanceRow]:
+        return [InstanceRow(instance_id="i", job_id="j", cloud=cloud, offering_key="k", market="spot", region=region, gpus=1)]
+
+    ctx = _Ctx()
+    job = Job(job_id="j", step=0, egress_usd=0.0, region_moves=0, state_location="", cost_usd=0.0,
+              checkpoint_size_gb=None, last_checkpoint_step=None)
+    _carry_state(ctx, None, job, gang("aws", "us-east-1"))  # type: ignore[arg-type]
+    assert (job.state_location, job.egress_usd, job.region_moves) == ("aws/us-east-1", 0.0, 0)  # nothing to carry yet
+    job.step = 100
+    apply_progress(ctx, job, {"checkpoint_size_gb": 50.0})  # type: ignore[arg-type]
+    assert job.checkpoint_size_gb == 50.0
+    _carry_state(ctx, None, job, gang("aws", "us-east-1"))  # type: ignore[arg-type]
+    assert job.egress_usd == 0.0 and job.region_moves == 0
+    _carry_state(ctx, None, job, gang("aws", "us-west-2"))  # type: ignore[arg-type]
+    assert job.egress_usd == pytest.approx(50.0 * 0.02) and job.region_moves == 1  # the measured 50 GB, not 4,000
+    assert job.cost_usd == pytest.approx(1.0) and job.state_location == "aws/us-west-2"
+    _carry_state(ctx, None, job, gang("gcp", "us-central1"))  # type: ignore[arg-type]
+    assert job.egress_usd == pytest.approx(1.0 + 50.0 * 0.09) and job.region_moves == 2  # AWS internet egress
+    assert [k for k, _ in notes] == ["moved", "moved"]
