@@ -170,6 +170,12 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
     assert j["cost_usd"] == pytest.approx(instances_usd + o.egress_usd)  # egress is in the job's cost
     assert "egress $80.00 for 1 move(s)" in summary(j)
     assert any(kind == "moved" and "4000 GB" in reason for _, kind, _, reason in world.events(job_id))
+    # The report picture's cumulative cost steps up by the egress where the state moved.
+    from autoscaler.client.report import cumulative_cost, gather
+
+    data = gather(world.store, job_id)
+    assert sum(usd for _, usd in data.egress) == pytest.approx(o.egress_usd)
+    assert cumulative_cost(data, [data.end_s])[0][0] == pytest.approx(o.cost_usd, rel=1e-6)
 
 
 def test_size_gb_is_checked_at_the_edge_and_simulate_json_shows_egress(tmp_path: Path) -> None:
