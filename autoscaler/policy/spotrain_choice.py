@@ -145,8 +145,9 @@ def stick_or_switch(ctx: PlanContext, allowed: list[Candidate], st: DeadlineStat
                 return False
             if st.mode != "free" and st.slack_s - mc.downtime_s - lag < st.safety_s + d + lag:
                 return False
-            saving = switch_saving_usd(k0, c, ctx.w_rem, ctx.lifes_h, ctx.loss_eff_s, stay_cap_h)
-            return saving > p.reprice_margin * hyst * mc.total_usd
+            usd_per_hour, hours = switch_saving_rate(k0, c, ctx.w_rem, ctx.lifes_h, ctx.loss_eff_s, stay_cap_h)
+            return mv.move_pays(saving_usd_per_hour=usd_per_hour, stay_hours=hours, cost=mc,
+                                margin=p.reprice_margin * hyst)
 
         movers = [c for c in allowed if c is not k0 and (
             (c.rate > k0.rate * (1 + 1e-9) and c.score > k0.score)
@@ -163,6 +164,13 @@ def switch_saving_usd(cur: Candidate, new: Candidate, w_rem: float, lifes_h: Map
     each offering's restarts priced in (one per expected remaining run), over the shorter of the time
     left to finish, the new offering's expected remaining run and ``stay_cap_h`` (how long the job
     has stayed per move so far: a market that made it move often will again)."""
+    usd_per_hour, hours = switch_saving_rate(cur, new, w_rem, lifes_h, d, stay_cap_h)
+    return usd_per_hour * hours
+
+
+def switch_saving_rate(cur: Candidate, new: Candidate, w_rem: float, lifes_h: Mapping[str, float], d: float,
+                       stay_cap_h: float = math.inf) -> tuple[float, float]:
+    """``switch_saving_usd`` as (USD per hour saved, hours the job expects to stay)."""
     def life(c: Candidate) -> float:
         return min((lifes_h.get(p.offering_key, 0.0) for p in c.placements if p.market == SPOT), default=math.inf)
 
@@ -170,4 +178,4 @@ def switch_saving_usd(cur: Candidate, new: Candidate, w_rem: float, lifes_h: Map
         return c.price_usd_per_hour / c.rate * (1.0 + d / 3600.0 / max(life(c), 1e-9))
 
     hours = min(w_rem / new.rate / 3600.0, life(new), stay_cap_h)
-    return max(0.0, eff(cur) - eff(new)) * new.rate * hours
+    return max(0.0, eff(cur) - eff(new)) * new.rate, hours
