@@ -13,9 +13,11 @@ from collections.abc import Mapping, Sequence
 
 from autoscaler.jobs.domain import Outcome
 from cloud_providers.base import SPOT
+from cost_models import hazard as hz
 from cost_models import moves as mv
 from cost_models import objective
 
+from .base import Placement
 from .jobmath import gang_rate, on_demand_allowed, spot_allowed
 from .spotrain_candidates import Candidate, JobPlan, PlanContext
 from .spotrain_deadline import DeadlineState
@@ -62,6 +64,40 @@ def budget_filter(ctx: PlanContext, scored: Sequence[Candidate], allowed: list[C
                                                     f"(at least ${cheapest_finish:.2f}); waiting for spot room"),
                        wake_s=ctx.inp.now_s + lag)
     return allowed
+
+
+def drop_dear_moves(ctx: PlanContext, scored: Sequence[Candidate], allowed: list[Candidate], *,
+                    can_wait: bool = False) -> list[Candidate]:
+    """Moves that cost more than they can save (issue 23): a candidate that carries the job's state to
+    another region or cloud is dropped when its expected cost to finish, egress and transfer
+    included, is above the cheapest way to finish where the state already is (any market: on demand
+    there never runs out; with ``can_wait``, slack above the reserve, spot there too, room or not: the
+    job may wait for it). Then waiting, or on-demand where the state is, beats the move; the scores
+    alone (capped at ``horizon_s``) would spread an egress bill over hours the job never stays."""
+    if ctx.state_location is None or ctx.size_gb <= 0 or ctx.w_rem <= 0:
+        return allowed
+
+    def finish_usd(c: Candidate) -> float:
+        mc = ctx.move(c.placements, c.price_usd_per_hour)
+        lam = ctx.hazard(c.placements)
+        run_s = ctx.w_rem / c.rate / objective.productive_fraction(lam, ctx.loss_s) + ctx.switch_s(c.placements) + mc.transfer_s
+        return c.price_usd_per_hour * run_s / 3600 + mc.egress_usd
+
+    def moves(c: Candidate) -> bool:
+        return ctx.location(c.placements) != ctx.state_location
+
+    home = min((finish_usd(c) for c in scored if not moves(c)), default=math.inf)
+    if can_wait and spot_allowed(ctx.job):
+        n = ctx.job.spec.workers.max
+        for o in ctx.options:
+            if o.spot_price_usd_per_hour is None or n % o.gpus or ctx.location([Placement(o.key, SPOT, 1)]) != ctx.state_location:
+                continue
+            rate = gang_rate(ctx.scaling, ((o, n // o.gpus),))
+            lam = ctx.hazards.get(o.key, hz.PRIOR_HAZARD_PER_HOUR)
+            if rate > 0:
+                run_s = ctx.w_rem / rate / objective.productive_fraction(lam, ctx.loss_s) + ctx.d
+                home = min(home, o.spot_price_usd_per_hour * (n // o.gpus) * run_s / 3600)
+    return [c for c in allowed if not moves(c) or finish_usd(c) <= home]
 
 
 def cheapest_finish_usd(ctx: PlanContext, scored: Sequence[Candidate]) -> float:

@@ -10,7 +10,8 @@ simulator's fast path (``run_named``), which shares the controller's billing rul
   about every rotation (11 region moves, $21.57), where this policy moves 3 times ($21.93) and
   omniscient, with no deadline, stays in one region ($19.36).
 - Size: the same freeze trace with a 4,000 GB checkpoint ($80 a move between GCP regions, over an hour
-  of transfer): the policy moves less than with none.
+  of transfer): the policy moves less than with none (0 moves and $49.04, where with none it moves
+  twice for $47.70).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
     from autoscaler.simulator.world import World
     from autoscaler.state import InstanceRow, Job
 
-    spec = _spec(48, 50.4, size_gb=4000)
+    spec = _spec(48, 50.4, size_gb=100)  # $2 a move between the two GCP regions: the job still moves
     sim = Simulation(_freeze_trace(), spec)
     job = make_sim_job(spec, restart_overhead_s=720)
     fast = run_named(sim, job, "spotrain", 0.0)
@@ -158,7 +159,7 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
     world.run(horizon_s=60 * H)
     o = world.outcome(job_id)
     assert (o.region_moves, o.egress_usd) == (fast.region_moves, pytest.approx(fast.egress_usd))
-    assert fast.region_moves >= 1 and fast.egress_usd == pytest.approx(fast.region_moves * 80.0)
+    assert fast.region_moves >= 1 and fast.egress_usd == pytest.approx(fast.region_moves * 2.0)
     assert o.cost_usd == pytest.approx(fast.cost_usd, rel=0.005)
     with world.store.session() as s:
         row = s.get(Job, job_id)
@@ -168,8 +169,8 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
         instances_usd = sum(r.cost_usd for r in rows)
     assert j["egress_usd"] == pytest.approx(o.egress_usd) and j["region_moves"] == o.region_moves
     assert j["cost_usd"] == pytest.approx(instances_usd + o.egress_usd)  # egress is in the job's cost
-    assert "egress $80.00 for 1 move(s)" in summary(j)
-    assert any(kind == "moved" and "4000 GB" in reason for _, kind, _, reason in world.events(job_id))
+    assert f"egress ${o.egress_usd:,.4f} for {o.region_moves} move(s)" in summary(j)
+    assert any(kind == "moved" and "100 GB" in reason for _, kind, _, reason in world.events(job_id))
     # The report picture's cumulative cost steps up by the egress where the state moved.
     from autoscaler.client.report import cumulative_cost, gather
 
@@ -195,11 +196,11 @@ def test_size_gb_is_checked_at_the_edge_and_simulate_json_shows_egress(tmp_path:
                           _row(1 * H, "us-east1", "us-east1-b", 0.92, 0), _row(3 * H, "us-east1", "us-east1-b", 0.92, 1))))
     job = tmp_path / "job.yaml"
     job.write_text("name: j\nrun: x\nresources: {accelerators: ['V100:1'], clouds: [gcp]}\n"
-                   "objective: {deadline: 50.4h}\ncheckpoint: {size_gb: 4000}\nsimulate: {work_gpu_hours: 48}\n")
+                   "objective: {deadline: 50.4h}\ncheckpoint: {size_gb: 100}\nsimulate: {work_gpu_hours: 48}\n")
     out = run_cli("simulate", "--trace", str(trace), "--job", str(job), "--restart-overhead-hours", "0.2", "--json")
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
-    assert row["region_moves"] >= 1 and row["egress_usd"] == pytest.approx(80.0 * row["region_moves"])
+    assert row["region_moves"] >= 1 and row["egress_usd"] == pytest.approx(2.0 * row["region_moves"])
 
 
 def test_the_controller_bills_the_measured_size_once_reported() -> None:
