@@ -63,3 +63,51 @@ def find(cloud: str, instance_type: str, accelerator: str | None = None) -> Inst
 
 def known_instance_types() -> frozenset[str]:
     return frozenset(t.instance_type for t in INSTANCE_TYPES)
+
+
+# ---- Egress between regions and clouds (issue 23) ----------------------------------------------
+# USD per GB that leaves a region, by the cloud the data leaves. Public list prices (2024-2025):
+# - AWS, https://aws.amazon.com/ec2/pricing/on-demand/ ("Data Transfer"): out to another AWS region
+#   $0.02/GB (us-east-1 <-> us-east-2 $0.01/GB); out to the internet (another cloud) $0.09/GB for the
+#   first 10 TB a month. Within a region, reading the regional checkpoint store (S3) is free.
+# - GCP, https://cloud.google.com/vpc/network-pricing ("Data transfer between regions" and Premium Tier
+#   internet egress): between regions of one continent $0.02/GiB (some pairs $0.01), between
+#   continents $0.05/GiB (Northern America <-> Europe; other pairs more); out to the internet (another
+#   cloud) $0.12/GiB for the first TiB to North America. GCS reads within a region are free.
+# These are the list prices an egress bill starts from (volume tiers lower them); the local cloud,
+# whose offerings name real clouds and regions, replays them.
+EGRESS_INTER_REGION_USD_PER_GB = {"aws": 0.02, "gcp": 0.02}
+EGRESS_INTER_CONTINENT_USD_PER_GB = {"aws": 0.02, "gcp": 0.05}
+EGRESS_INTERNET_USD_PER_GB = {"aws": 0.09, "gcp": 0.12}
+# Region pairs priced below the cloud's inter-region rate.
+EGRESS_NEAR_PAIRS_USD_PER_GB = {frozenset({"us-east-1", "us-east-2"}): 0.01}
+
+_CONTINENT_PREFIXES = (("us-", "na"), ("ca-", "na"), ("northamerica-", "na"), ("eu-", "eu"), ("europe-", "eu"),
+                       ("ap-", "asia"), ("asia-", "asia"), ("australia-", "asia"), ("sa-", "sa"),
+                       ("southamerica-", "sa"), ("me-", "me"), ("il-", "me"), ("af-", "af"), ("africa-", "af"))
+
+
+def continent(region: str) -> str:
+    """The continent of a region name (AWS or GCP style); the name itself when unknown."""
+    for prefix, name in _CONTINENT_PREFIXES:
+        if region.startswith(prefix):
+            return name
+    return region
+
+
+def egress_usd_per_gb(src_cloud: str, src_region: str, dst_cloud: str, dst_region: str) -> float:
+    """What one GB of a job's state costs to carry from ``src`` to ``dst``: nothing within a region
+    (or on the local cloud's own offerings), the source cloud's inter-region rate between its regions,
+    its internet egress rate to another cloud."""
+    if src_cloud == dst_cloud and src_region == dst_region:
+        return 0.0
+    if src_cloud == "local" and dst_cloud == "local":
+        return 0.0
+    if src_cloud != dst_cloud:
+        return EGRESS_INTERNET_USD_PER_GB.get(src_cloud, max(EGRESS_INTERNET_USD_PER_GB.values()))
+    near = EGRESS_NEAR_PAIRS_USD_PER_GB.get(frozenset({src_region, dst_region}))
+    if near is not None and src_cloud == "aws":
+        return near
+    if continent(src_region) != continent(dst_region):
+        return EGRESS_INTER_CONTINENT_USD_PER_GB.get(src_cloud, 0.02)
+    return EGRESS_INTER_REGION_USD_PER_GB.get(src_cloud, 0.02)

@@ -39,6 +39,9 @@ field may be null: not measured yet). What each field is:
     world_size (int)                    ranks training now
     last_checkpoint_step (int), last_checkpoint_unix_s (float)
                                         the newest durable checkpoint, and when it became durable
+    checkpoint_size_gb (float)          (issue 23) the newest checkpoint's size in GB (all its files),
+                                        measured once written: what a move of the job's state to
+                                        another region or cloud carries
     final_model (URI)                   where the final weights are
     grad_sqr, grad_var                  the gradient noise estimates, measured at and normalised to the
                                         spec's global_batch_size
@@ -100,7 +103,8 @@ NOTICE_CANCEL = "cancel"
 PROGRESS_FIELDS = {
     "step": "int", "total_steps": "int", "epoch": "int", "loss": "number", "metric": "number",
     "metric_name": "str", "step_time_s": "number", "samples_per_s": "number", "world_size": "int",
-    "last_checkpoint_step": "int", "last_checkpoint_unix_s": "number", "final_model": "str",
+    "last_checkpoint_step": "int", "last_checkpoint_unix_s": "number", "checkpoint_size_gb": "number",
+    "final_model": "str",
     "grad_sqr": "number", "grad_var": "number", "stall_s": "number", "updated_unix_s": "number",
     "completed": "bool", "stopped_at_notice": "bool", "batch_size": "int", "local_bsz": "int",
     "accum_steps": "int", "batch_source": "str", "progress_iterations": "number", "lr_factor": "number",
@@ -122,6 +126,7 @@ class ProgressRecord(TypedDict, total=False):
     world_size: int | None
     last_checkpoint_step: int | None
     last_checkpoint_unix_s: float | None
+    checkpoint_size_gb: float | None
     final_model: str | None
     grad_sqr: float | None
     grad_var: float | None

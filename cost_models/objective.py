@@ -48,12 +48,16 @@ def goodput_per_usd(
     hazard_per_hour: float,
     loss_s: float,
     switch_s: float,
+    extra_usd: float = 0.0,
 ) -> float:
-    """Expected work per dollar (reference GPU-seconds per USD); 0 for an empty allocation."""
+    """Expected work per dollar (reference GPU-seconds per USD); 0 for an empty allocation.
+    ``extra_usd`` is paid once over the horizon besides the price (a move's egress, issue 23)."""
     if price_usd_per_hour <= 0 or horizon_s <= 0:
         return 0.0
+    if extra_usd < 0:
+        raise ValueError("extra_usd must be >= 0")
     work = expected_goodput(rate, horizon_s=horizon_s, hazard_per_hour=hazard_per_hour, loss_s=loss_s, switch_s=switch_s)
-    return work / (price_usd_per_hour * horizon_s / 3600.0)
+    return work / (price_usd_per_hour * horizon_s / 3600.0 + extra_usd)
 
 
 def fallback_time_s(remaining_work: float, fallback_rate: float) -> float:

@@ -142,6 +142,9 @@ class CheckpointManager:
         self.last_durable_step: int | None = None
         self.last_persist_s: float | None = None
         self.last_durable_unix_s: float | None = None
+        # The newest durable checkpoint's size in GB (its files and manifest): what a move of the job
+        # to another region or cloud carries (issue 23; reported as ``checkpoint_size_gb``).
+        self.last_durable_size_gb: float | None = None
         self.last_load_s: float | None = None
         self.last_load_prefetched = False  # the last load was read ahead by prefetch_latest()
 
@@ -310,6 +313,7 @@ class CheckpointManager:
             f.write(body)
         self.last_durable_step = snap.step
         self.last_durable_unix_s = time.time()
+        self.last_durable_size_gb = (sum(int(v["bytes"]) for v in files.values()) + len(body)) / 1e9
         self.last_persist_s = time.perf_counter() - t0
         # Best effort, after the durable point: a failed list or delete must not fail a checkpoint
         # that is already complete (the next one prunes again).

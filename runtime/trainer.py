@@ -357,6 +357,7 @@ class ElasticTrainer:
             world_size=self.ctx.world_size, grad_sqr=self.noise.grad_sqr, grad_var=self.noise.grad_var,
             last_checkpoint_step=self.checkpoints.last_durable_step, stall_s=self.stall_s_total,
             last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
+            checkpoint_size_gb=self.checkpoints.last_durable_size_gb,
             progress_iterations=self.iterations.iterations, lr_factor=self.lr_factor(),
             profile=self.profile.rows(), batch_source=self.batches.source, **layout,
         )
@@ -453,6 +454,7 @@ class ElasticTrainer:
                                persist_s=self.checkpoints.last_persist_s)
             self.progress.update(force=True, last_checkpoint_step=self.checkpoints.last_durable_step,
                                  last_checkpoint_unix_s=self.checkpoints.last_durable_unix_s,
+                                 checkpoint_size_gb=self.checkpoints.last_durable_size_gb,
                                  stall_s=self.stall_s_total)
             self.ctx.barrier()
 

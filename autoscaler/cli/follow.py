@@ -16,7 +16,7 @@ from typing import IO, Any, Protocol
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET"}
 # Event kinds a progress view shows (``logs -f`` shows every event).
-SHOWN_EVENTS = ("state", "preemption-notice", "launched", "capacity", "released", "instance-terminated", "resumed")
+SHOWN_EVENTS = ("state", "preemption-notice", "launched", "capacity", "released", "instance-terminated", "resumed", "moved")
 
 
 class Source(Protocol):

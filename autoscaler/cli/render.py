@@ -136,6 +136,9 @@ def summary(j: Mapping[str, Any]) -> str:
     ]
     by_market = j.get("cost_by_market_usd") or {}
     parts = ", ".join(f"{m} {money(v)}" for m, v in by_market.items())
+    if j.get("egress_usd"):
+        moves = j.get("region_moves") or 0
+        parts += f"{', ' if parts else ''}egress {money(j['egress_usd'])} for {moves} move(s) to another region or cloud"
     lines.append(f"cost        {money(cost)}  ({parts or 'nothing billed'}; billed market time: "
                  f"{(j.get('spot_seconds') or 0) / 3600:.2f} h spot, {(j.get('on_demand_seconds') or 0) / 3600:.2f} h on-demand)")
     if od > 0 and succeeded:  # savings on work that did not finish are no savings

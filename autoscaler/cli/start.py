@@ -71,7 +71,9 @@ def describe(spec: JobSpec, workdir: Path) -> list[str]:
         "objective   " + (f"deadline {format_duration_s(o.deadline_s)}" if o.deadline_s else "no deadline")
         + (f", budget ${o.budget_usd:g}" if o.budget_usd is not None else ", no budget"),
         f"checkpoint  every {format_duration_s(spec.checkpoint.interval_s)} to "
-        + (spec.checkpoint.store or "SPOTRAIN_HOME/checkpoints (the default store)"),
+        + (spec.checkpoint.store or "SPOTRAIN_HOME/checkpoints (the default store)")
+        + (f", {spec.checkpoint.size_gb:g} GB until measured (priced in every move between regions)"
+           if spec.checkpoint.size_gb else ""),
         "envs        " + (", ".join(f"{k}={v}" for k, v in spec.envs.items()) or "-"),
     ]
 

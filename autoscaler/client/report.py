@@ -4,7 +4,8 @@
    pace that would just meet it as a dashed diagonal.
 2. GPUs held by market (spot / on-demand) over time, stacked.
 3. Cumulative cost against the on-demand counterfactual (the same instance-hours at on-demand prices),
-   with the budget as a horizontal line.
+   with the budget as a horizontal line; egress for moving the job's state between regions or clouds
+   is a step in the billed cost.
 
 Preemptions (red) and gang restarts (grey) are marked on every panel. The x axis is the provider's
 clock since submission: the clock deadlines, billing and instance times are kept on (the local cloud
@@ -33,6 +34,8 @@ from autoscaler.state.models import ProgressSample
 
 SPOT, ON_DEMAND = "spot", "on-demand"
 _LAUNCHED = re.compile(r"^(\S+) on ")
+# The controller's "moved" event (``controller/gangs._carry_state``): "... egress $12.34".
+_EGRESS = re.compile(r"egress \$([0-9.]+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,9 @@ class ReportData:
     spans: tuple[Span, ...]
     preemptions_s: tuple[float, ...]
     restarts_s: tuple[float, ...]
+    # Egress billed for moving the job's state to another region or cloud: (seconds since submission,
+    # USD), counted into the cumulative cost as a step (issue 23).
+    egress: tuple[tuple[float, float], ...] = ()
 
 
 def _clock_map(anchors: Sequence[tuple[float, float]], rate_default: float = 1.0) -> tuple[float, float, float]:
@@ -106,6 +112,8 @@ def gather(store: Store, ref: str, *, now_clock_s: float | None = None) -> Repor
         progress = [(0.0, 0)] + [(max(0.0, p.clock_s - t0), p.step) for p in samples] + [(end_s, job.step)]
         preempted = tuple(since(e.ts) for e in events if e.kind == "preemption-notice")
         restarts = tuple(since(e.ts) for e in events if e.kind == "gang-stopped")
+        egress = tuple((since(e.ts), float(m.group(1))) for e in events if e.kind == "moved"
+                       and (m := _EGRESS.search(e.reason)) is not None)
         try:
             objective = spec_from_stored(json.loads(job.spec_json)).objective
             deadline_s, budget_usd = objective.deadline_s, objective.budget_usd
@@ -113,7 +121,7 @@ def gather(store: Store, ref: str, *, now_clock_s: float | None = None) -> Repor
             deadline_s = budget_usd = None
         return ReportData(job_id=job.job_id, state=job.state, step=job.step, total_steps=job.total_steps,
                           deadline_s=deadline_s, budget_usd=budget_usd, end_s=end_s, progress=tuple(progress),
-                          spans=spans, preemptions_s=preempted, restarts_s=restarts)
+                          spans=spans, preemptions_s=preempted, restarts_s=restarts, egress=egress)
 
 
 def horizon_s(data: ReportData) -> float:
@@ -153,6 +161,10 @@ def cumulative_cost(data: ReportData, ts: Sequence[float]) -> tuple[list[float],
             f = min(1.0, max(0.0, (t - sp.start_s) / life))
             billed[i] += sp.cost_usd * f
             od[i] += sp.on_demand_cost_usd * f
+    for at_s, usd in data.egress:  # billed once, when the state moved (on demand would move it too)
+        for i, t in enumerate(ts):
+            if t >= at_s:
+                billed[i] += usd
     return billed, od
 
 

@@ -23,6 +23,7 @@ from cloud_providers import protocol
 from cloud_providers.base import InstanceState
 from cloud_providers.executor import GangState, WorkerLaunch
 
+from ..policy.moves import carry_state, gang_location
 from ..state import InstanceRow, Job
 from ..state.models import ProgressSample
 from . import outcomes, start_failures
@@ -237,6 +238,8 @@ def apply_progress(ctx: Context, job: Job, prog: Mapping[str, Any]) -> None:
         if (at := _float_field(prog, "last_checkpoint_unix_s")) is not None and at <= ctx.now() + 60.0:
             # When the runtime says it was durable (else the controller dates it when it first sees it).
             ctx.last_checkpoint[job.job_id] = (ckpt, at)
+    if (size_gb := _float_field(prog, "checkpoint_size_gb")) is not None and size_gb >= 0:
+        job.checkpoint_size_gb = size_gb  # the measured size replaces the spec's (issue 23)
     if isinstance(prog.get("final_model"), str):
         job.final_model = prog["final_model"]
 
@@ -337,6 +340,24 @@ def _start_failed(ctx: Context, s: Session, job: Job, started: list[InstanceRow]
     job.reason = reason
 
 
+def _carry_state(ctx: Context, s: Session, job: Job, members: list[InstanceRow]) -> None:
+    """The new gang restores the job's state: when it runs in another region or cloud than the gang
+    that wrote it, the move is billed at the catalog's egress price for the measured checkpoint size
+    (the spec's ``checkpoint.size_gb`` until measured) and counted (issue 23; the simulator's fast
+    path applies the same ``carry_state``)."""
+    loc = gang_location((r.cloud, r.region, r.gpus) for r in members)
+    size_gb = job.checkpoint_size_gb if job.checkpoint_size_gb is not None else (ctx.spec(job).checkpoint.size_gb or 0.0)
+    has_state = job.step > 0 or job.last_checkpoint_step is not None
+    prev = job.state_location or None
+    new, egress, moved = carry_state(prev, loc, has_state=has_state, size_gb=size_gb)
+    job.state_location = new or ""
+    if moved:
+        job.egress_usd = (job.egress_usd or 0.0) + egress
+        job.region_moves = (job.region_moves or 0) + 1
+        job.cost_usd = (job.cost_usd or 0.0) + egress
+        ctx.note(s, job, "moved", f"state {prev} -> {new}: {size_gb:g} GB, egress ${egress:.2f}")
+
+
 def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], batch: BatchConfig | None = None) -> None:
     """Start the job's next attempt on ``members``; ``batch``: the batch configuration the allocation
     chose (the goodput optimizer's), given to the workers as ``SPOTRAIN_BATCH_JSON``."""
@@ -353,6 +374,7 @@ def start_gang(ctx: Context, s: Session, job: Job, members: list[InstanceRow], b
         ctx.restart_marks[job.job_id]["launched"] = max(r.launched_at_s for r in members)
     for r in members:
         r.attempt = job.attempt
+    _carry_state(ctx, s, job, members)
     batch = gang_directive(spec, batch, world)
     note_gang_batch(ctx, s, job, batch, world)
     # Write-ahead, as for launches: the attempt and its rendezvous port are durable before any worker

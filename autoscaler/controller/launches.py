@@ -99,7 +99,7 @@ def release_all(ctx: Context, s: Session, job: Job, why: str = "job ended") -> N
     for r in ctx.store.instances(s, job.job_id, alive_only=True):
         release(ctx, s, job, r, why)
     rows = ctx.store.instances(s, job.job_id)
-    job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(ctx.provider, rows)
+    accounting.bill_job(ctx.provider, job, rows)
 
 
 def end_job(ctx: Context, s: Session, job: Job, to: JobState, reason: str, *, why: str = "job ended") -> None:

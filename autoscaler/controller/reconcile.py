@@ -116,13 +116,13 @@ def _guard_first(ctx: Context, *, contain: bool) -> set[str]:
 
 def _guard_one(ctx: Context, s: Session, job: Job) -> None:
     rows = ctx.store.instances(s, job.job_id)
-    job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(ctx.provider, rows)
+    accounting.bill_job(ctx.provider, job, rows)
     budget_guard(ctx, s, job, rows, ctx.last_prices)
 
 
 def _observe_one(ctx: Context, s: Session, job: Job, by_key: dict[str, Offering]) -> JobView | None:
     rows = ctx.store.instances(s, job.job_id)
-    job.cost_usd, job.on_demand_cost_usd = accounting.update_billing(ctx.provider, rows)
+    accounting.bill_job(ctx.provider, job, rows)
     observe_gang(ctx, s, job, rows)
     if JobState(job.state).terminal or budget_guard(ctx, s, job, rows, ctx.last_prices):
         return None

@@ -81,4 +81,7 @@ def job_view(ctx: Context, job: Job, rows: Sequence[InstanceRow], by_key: Mappin
         scaling=scaling_for(ctx, job, spec),
         since_checkpoint_s=_since_checkpoint_s(ctx, job),
         restarting=restarting,
+        state_location=(job.state_location or None) if (job.step > 0 or job.last_checkpoint_step is not None) else None,
+        checkpoint_size_gb=job.checkpoint_size_gb,
+        region_moves=job.region_moves or 0,
     )

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from autoscaler.policy import MarketHistory
-from autoscaler.state import InstanceRow
+from autoscaler.state import InstanceRow, Job
 from cloud_providers.base import SPOT, Instance, InstanceState, Provider
 
 
@@ -51,6 +51,13 @@ def update_billing(provider: Provider, rows: Iterable[InstanceRow]) -> tuple[flo
         cost += row.cost_usd
         od += row.on_demand_cost_usd
     return cost, od
+
+
+def bill_job(provider: Provider, job: Job, rows: Iterable[InstanceRow]) -> None:
+    """Refresh the job's bill: its instances' (``update_billing``) plus the egress its moves between
+    regions and clouds were billed (issue 23), so ``cost_usd`` - and the hard budget - count both."""
+    cost, job.on_demand_cost_usd = update_billing(provider, rows)
+    job.cost_usd = cost + (job.egress_usd or 0.0)
 
 
 def burn_rate_usd_per_hour(rows: Iterable[InstanceRow], prices: Mapping[str, tuple[float, float | None]]) -> float:

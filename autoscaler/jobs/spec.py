@@ -172,6 +172,9 @@ class Checkpoint(_Strict):
     store: str | None = None
     interval_s: float = Field(default=600.0, alias="interval")
     keep: int = Field(default=3, ge=1)
+    # The checkpoint's size in GB, before the runtime has measured it (issue 23): what a move of the
+    # job's state to another region or cloud carries (egress, transfer time). None: 0 until measured.
+    size_gb: float | None = Field(default=None, ge=0, le=1_000_000)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 

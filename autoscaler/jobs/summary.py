@@ -93,6 +93,10 @@ def summary_dict(job: Any, rows: Sequence[Any], *, now: float | None = None) -> 
         "cost_usd": round(job.cost_usd, 6),
         "on_demand_cost_usd": round(job.on_demand_cost_usd, 6),
         "cost_by_market_usd": {k: round(v, 6) for k, v in sorted(by_market.items())},
+        # Moving the job's state to another region or cloud (issue 23): egress (in cost_usd), moves.
+        "egress_usd": round(getattr(job, "egress_usd", 0.0) or 0.0, 6),
+        "region_moves": getattr(job, "region_moves", 0) or 0,
+        "checkpoint_size_gb": getattr(job, "checkpoint_size_gb", None),
         "metric": job.metric,
         "metric_name": job.metric_name or None,
         "loss": job.loss,

@@ -53,6 +53,13 @@ class JobView:
     # True while the gang is restarting anyway (a worker was just lost or added): a change of
     # allocation now costs no extra restart (controller: RECOVERING / RESCALING).
     restarting: bool = False
+    # Where the job's state (its last checkpoint) lives, as ``cloud/region`` (None: no checkpoint yet,
+    # so a first start carries nothing), how large it is (GB: the runtime's measured size once it has
+    # checkpointed, else the spec's ``checkpoint.size_gb``; None: unknown, taken as 0), and how many
+    # times the job's state has already moved to another region or cloud (issue 23).
+    state_location: str | None = None
+    checkpoint_size_gb: float | None = None
+    region_moves: int = 0
 
     @property
     def deadline_s(self) -> float | None:

@@ -118,6 +118,16 @@ class PolicyParams:
     big_switch_margin: float = _f(8.0, 0.0, 1000.0)
     # ... for which this many cycles (d + lag) above the reserve are cushion enough. Cycles.
     big_cushion_cycles: float = _f(1.0, 0.0, 1000.0)
+    # Re-pricing (issue 23: no freeze): at every decision a running gang is valued against the best
+    # alternative with its move priced in (restart, transfer time and egress, the downtime at the
+    # job's cost of time), in any mode but the Safety Net: it moves when the expected saving over
+    # the expected stay pays this many times the move's cost and the slack after the move still
+    # covers one more restart above the Safety Net. Multiple of the move's cost.
+    reprice_margin: float = _f(3.0, 0.5, 1000.0)
+    # Hysteresis that counts the moves already made (issue 23: no thrash): each move of the job's
+    # state to another region or cloud raises what the next voluntary move must save by this share
+    # of its cost (and the egress a forced restart elsewhere weighs in the score). Share per move.
+    move_hysteresis: float = _f(0.5, 0.0, 100.0)
 
     # ---- re-batching (adaptive batch; cost_models.batching's re-batch test) ----
     # A running gang restarts only to change its batch when the goodput it gains is more than this
@@ -205,6 +215,8 @@ TUNING_RANGES: dict[str, Range | None] = {
     "switch_cushion_cycles": Range(0.0, 12.0),
     "big_switch_margin": Range(2.0, 30.0),
     "big_cushion_cycles": Range(0.0, 6.0),
+    "reprice_margin": Range(1.0, 8.0),
+    "move_hysteresis": Range(0.0, 2.0),
     "rebatch_min_gain": None,
     "rebatch_payback_restarts": None,
 }

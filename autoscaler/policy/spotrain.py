@@ -74,7 +74,7 @@ from .spotrain_candidates import (
     job_context,
     score_candidates,
 )
-from .spotrain_choice import budget_filter, rank, stick_or_switch
+from .spotrain_choice import budget_filter, drop_dear_moves, rank, stick_or_switch
 from .spotrain_deadline import deadline_filter, deadline_state
 
 __all__ = ["Candidate", "JobPlan", "MarketView", "PolicyParams", "SpotrainPolicy", "allocate_jointly", "market_view", "plan_job"]
@@ -151,7 +151,8 @@ def _memo_key(job: JobView, eligibility: tuple[object, ...]) -> tuple[object, ..
     """Everything ``plan_job`` reads from a job, except its id (the spec by identity: a copy of an
     equal spec only misses the cache)."""
     return (id(job.spec), eligibility, job.submitted_s, job.progress, job.held, job.cost_so_far_usd, job.restart_overhead_s,
-            tuple(sorted(job.recent_capacity_failures.items())), id(job.scaling), job.since_checkpoint_s, job.restarting)
+            tuple(sorted(job.recent_capacity_failures.items())), id(job.scaling), job.since_checkpoint_s, job.restarting,
+            job.state_location, job.checkpoint_size_gb, job.region_moves)
 
 
 def allocate_jointly(plans: Sequence[JobPlan], inp: PolicyInput, by_key: Mapping[str, Offering]) -> list[Allocation]:
@@ -222,6 +223,13 @@ def plan_job(
     st = deadline_state(ctx, fallback_rate(ctx, cands))
     scored = score_candidates(ctx, cands)
     allowed, reason, wake = deadline_filter(ctx, scored, st)
+    if st.mode in ("ahead", "free"):
+        # With slack above the reserve (or no deadline), waiting for spot where the state is costs
+        # nothing but slack: a move must beat that too.
+        allowed = drop_dear_moves(ctx, scored, allowed, can_wait=True)
+    elif st.mode == "behind":
+        # The job must progress now: a dear move goes only when nothing at home is allowed.
+        allowed = drop_dear_moves(ctx, scored, allowed) or allowed
     budgeted = budget_filter(ctx, scored, allowed, st)
     if isinstance(budgeted, JobPlan):
         return budgeted

@@ -16,6 +16,7 @@ from autoscaler.jobs.domain import Outcome
 from autoscaler.jobs.scaling import BatchConfig
 from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cost_models import hazard as hz
+from cost_models import moves as mv
 from cost_models import objective
 from cost_models.scaling import Scaling
 
@@ -31,6 +32,7 @@ from .jobmath import (
     restart_overhead_s,
     spot_allowed,
 )
+from .moves import bandwidth_gb_per_s, egress_usd_per_gb_between, gang_location, state_size_gb
 from .params import PolicyParams
 
 URGENT, BEHIND, NORMAL = 0, 1, 2
@@ -107,6 +109,11 @@ class PlanContext:
     loss_s: float  # d + lost_s: time a preemption costs (s)
     loss_eff_s: float  # loss_s weighted by the deadline pressure (s), used to rank and score spot
     w_rem: float  # remaining work (reference GPU-seconds)
+    # Where the job's state lives (``cloud/region``; None: nothing to carry yet), its size (GB), and
+    # how many moves to another region or cloud the job has made (issue 23).
+    state_location: str | None = None
+    size_gb: float = 0.0
+    region_moves: int = 0
 
     def hazard(self, pl: Sequence[Placement]) -> float:
         """Preemptions per hour of a gang: the sum over its spot placements."""
@@ -115,6 +122,34 @@ class PlanContext:
     def switch_s(self, pl: tuple[Placement, ...]) -> float:
         """The restart a move to ``pl`` costs: none to stay on an intact gang."""
         return 0.0 if pl == self.cur and not self.job.restarting else self.d
+
+    def location(self, pl: Sequence[Placement]) -> str | None:
+        return gang_location((self.by_key[p.offering_key].cloud, self.by_key[p.offering_key].region,
+                              p.instances * self.by_key[p.offering_key].gpus) for p in pl if p.offering_key in self.by_key)
+
+    def move(self, pl: tuple[Placement, ...], price_usd_per_hour: float) -> mv.MoveCost:
+        """What a change to ``pl`` costs on top of staying: its restart (none to stay on an intact
+        gang) and, when it takes the job's state to another region or cloud, the egress and the
+        transfer time; the downtime valued at ``pl``'s price weighted by the deadline pressure (the
+        slack it spends is bought back on demand later)."""
+        weight = self.loss_eff_s / self.loss_s if self.loss_s > 0 else 1.0
+        dst = self.location(pl)
+        src = self.state_location
+        per_gb = egress_usd_per_gb_between(src, dst) if src is not None and dst is not None else 0.0
+        bw = bandwidth_gb_per_s(src, dst) if src is not None and dst is not None else mv.DEFAULT_TRANSFER_GB_PER_S
+        restart_s = self.switch_s(pl)
+        if restart_s == 0.0 or (pl == self.cur and self.job.restarting):
+            # An intact gang where it is: nothing moves. Or the gang the job is starting already (a
+            # move decided a moment ago, whose old gang is still checkpointing: the controller sees
+            # the new instances as held before the state has moved): the move was priced when it was
+            # decided, and pricing it again would send the job straight back.
+            per_gb = 0.0
+        return mv.move_cost(size_gb=self.size_gb, egress_usd_per_gb=per_gb, restart_s=restart_s,
+                            time_usd_per_hour=price_usd_per_hour * weight, bandwidth_gb_per_s=bw)
+
+    def move_hysteresis(self) -> float:
+        """How many times its cost a voluntary move must save, given the moves already made."""
+        return mv.hysteresis_factor(self.region_moves, per_move=self.params.move_hysteresis)
 
 
 def age_h(h: MarketHistory | None, now_s: float) -> float | None:
@@ -149,7 +184,8 @@ def job_context(job: JobView, inp: PolicyInput, options: Sequence[Offering], vie
     return PlanContext(job=job, inp=inp, params=params, options=options, usable=usable, by_key={o.key: o for o in options},
                        views=views, hazards=hazards, lifes_h=lifes_h or {}, held=held,
                        cur=tuple(Placement(k, m, n) for (k, m), n in sorted(held.items())), scaling=scaling, d=d,
-                       lag=inp.decision_interval_s, lost_s=lost_s, loss_s=loss_s, loss_eff_s=loss_eff_s, w_rem=w_rem)
+                       lag=inp.decision_interval_s, lost_s=lost_s, loss_s=loss_s, loss_eff_s=loss_eff_s, w_rem=w_rem,
+                       state_location=job.state_location, size_gb=state_size_gb(job), region_moves=job.region_moves)
 
 
 def pressure_weight(job: JobView, options: Sequence[Offering], scaling: Scaling, w_rem: float, now_s: float) -> float:
@@ -339,12 +375,16 @@ def score_candidates(ctx: PlanContext, cands: Sequence[tuple[tuple[Placement, ..
             continue
         price = sum(ctx.by_key[p.offering_key].price_usd_per_hour(p.market) * p.instances for p in pl)
         lam = ctx.hazard(pl)
-        switch_s = ctx.switch_s(pl)
+        # A move to another region or cloud also waits for the state to cross and pays its egress
+        # (issue 23), the more so the more the job has moved already (hysteresis).
+        move = ctx.move(pl, price)
+        h = ctx.move_hysteresis() if move.egress_usd > 0 else 1.0
+        switch_s = ctx.switch_s(pl) + move.transfer_s * h
         if w_rem > 0:
             horizon = min(horizon_cap, w_rem / rate / objective.productive_fraction(lam, ctx.loss_s) + switch_s)
         else:
             horizon = lag
         score = objective.goodput_per_usd(rate, price, horizon_s=max(horizon, lag), hazard_per_hour=lam,
-                                          loss_s=ctx.loss_eff_s, switch_s=switch_s)
+                                          loss_s=ctx.loss_eff_s, switch_s=switch_s, extra_usd=move.egress_usd * h)
         scored.append(Candidate(pl, rate, price, score, kind, gang_batch(ctx.scaling, parts)))
     return scored

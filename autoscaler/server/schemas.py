@@ -56,6 +56,11 @@ class JobSummary(_Answer):
     cost_usd: float
     on_demand_cost_usd: float = Field(description="What the same instance-hours would have cost on-demand")
     cost_by_market_usd: dict[str, float]
+    egress_usd: float = Field(default=0.0, description="Egress billed for moving the job's checkpoint to another "
+                                                       "region or cloud (included in cost_usd)")
+    region_moves: int = Field(default=0, description="How many times the job's state moved to another region or cloud")
+    checkpoint_size_gb: float | None = Field(
+        default=None, description="The checkpoint's size the runtime measured (GB); null until it has checkpointed")
     metric: float | None
     metric_name: str | None
     loss: float | None

@@ -13,7 +13,10 @@ applies the returned allocation the way the controller and the cloud would:
 - Any change of the running gang (a worker added, removed or lost) restarts it: ``restart_overhead_s``
   of billed time without progress (the job's measured checkpoint + restart time).
 - Billing is per second at the price of the moment; progress is the job's scaling model times the
-  accelerator's speed (``cost_models.scaling``).
+  accelerator's speed (``cost_models.scaling``). A new gang in another region or cloud than the one
+  that wrote the job's state carries it: egress at the catalog's price for ``checkpoint.size_gb``,
+  billed into the cost (``policy.moves.carry_state``, the controller's rule), and counted
+  (``SimResult.egress_usd``, ``region_moves``).
 - The hard budget is the controller's own (``controller/budget.py``): the guard first at every event
   (spend plus the burn rate until its next check, at the controller's horizon for a ``grid_s`` tick),
   a wake-up when it would stop the job, and the launch check before instances are added. The policy
@@ -39,6 +42,7 @@ from ..controller.budget import guard_left_s, guard_reason, horizon_s, launch_re
 from ..controller.views import held_from_counts, progress_of
 from ..policy.base import Allocation, JobView, MarketHistory, Policy, PolicyInput, eligible_offerings
 from ..policy.jobmath import gang_rate
+from ..policy.moves import carry_state, gang_location
 from .executor import STEP_EPS, STEPS_PER_S
 from .market_watch import MarketWatch
 
@@ -85,10 +89,14 @@ class SimResult:
     state: str
     reason: str
     on_demand_cost_usd: float = 0.0
+    # Money for carrying the job's state to another region or cloud (included in ``cost_usd``), and
+    # how many such moves it made (issue 23).
+    egress_usd: float = 0.0
+    region_moves: int = 0
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for k in ("cost_usd", "spot_hours", "on_demand_hours", "start_hours", "on_demand_cost_usd"):
+        for k in ("cost_usd", "spot_hours", "on_demand_hours", "start_hours", "on_demand_cost_usd", "egress_usd"):
             d[k] = round(d[k], 6)
         if d["finish_hours"] is not None:
             d["finish_hours"] = round(d["finish_hours"], 6)
@@ -167,6 +175,10 @@ class _Run:
     # checkpointing before release): (offering key, market, count, until). Billed up front; the
     # budget guard counts them in the burn rate while they last, as the controller's rows do.
     leaving: list[tuple[str, str, int, float]] = dataclasses.field(default_factory=list)
+    # Where the job's state lives (``cloud/region``), the egress billed for moving it, and the moves.
+    location: str | None = None
+    egress_usd: float = 0.0
+    region_moves: int = 0
 
 
 def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
@@ -248,6 +260,8 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
         since_checkpoint_s=r.run_since_ckpt % job.spec.checkpoint.interval_s if r.holdings else 0.0,
         # Holding nothing, or just broken: a change of allocation costs no extra restart.
         restarting=broken or not r.holdings or r.t <= r.stopping_until + 1e-9,
+        state_location=r.location if r.progress > 0 else None,
+        region_moves=r.region_moves,
     )
     history = sim.watch.history_at(r.t)
     for k in set(r.spot_held_s) | set(r.preempted):
@@ -258,6 +272,17 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
     inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=tuple(offers.values()), history=history,
                       decision_interval_s=sim.grid_s)
     return policy.decide(inp)[0]
+
+
+def _carry(job: SimJob, r: _Run, offers: dict[str, Offering]) -> None:
+    """A new gang starts: the state it restores comes along (``policy.moves.carry_state``, the
+    controller's rule), its egress billed into the run's cost (and so the budget guard)."""
+    loc = gang_location((offers[k].cloud, offers[k].region, n * offers[k].gpus) for (k, _), n in r.holdings.items())
+    size_gb = job.spec.checkpoint.size_gb or 0.0
+    r.location, egress, moved = carry_state(r.location, loc, has_state=r.progress > 0, size_gb=size_gb)
+    r.cost += egress
+    r.egress_usd += egress
+    r.region_moves += int(moved)
 
 
 def _reported_progress(done: float, work: float) -> float:
@@ -404,6 +429,7 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
                         _bill(r, offers[k], m, (n - target.get((k, m), 0)) * job.checkpoint_save_s)
                         r.leaving.append((k, m, n - target.get((k, m), 0), r.t + job.checkpoint_save_s))
             r.holdings = target
+            _carry(job, r, offers)
             r.resume_at = None  # the gang that was restarting never runs
             broken = True
         wake = r.t + MAX_DECISION_GAP_S
@@ -429,5 +455,6 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         policy=getattr(policy, "name", type(policy).__name__), start_hours=start / 3600.0, cost_usd=r.cost,
         finish_hours=None if r.finish is None else (r.finish - start) / 3600.0, deadline_met=met,
         preemptions=r.preemptions, spot_hours=r.spot_h, on_demand_hours=r.od_h, restarts=r.restarts,
-        state=r.state, reason=r.reason, on_demand_cost_usd=r.od_equiv,
+        state=r.state, reason=r.reason, on_demand_cost_usd=r.od_equiv, egress_usd=r.egress_usd,
+        region_moves=r.region_moves,
     )

@@ -59,6 +59,8 @@ class JobOutcome:
     spot_hours: float
     on_demand_hours: float
     deadline_s: float | None
+    egress_usd: float = 0.0
+    region_moves: int = 0
 
     @property
     def deadline_met(self) -> bool:
@@ -140,7 +142,7 @@ class World:
                 on_demand_cost_usd=job.on_demand_cost_usd, preemptions=job.preemptions, attempts=job.attempt,
                 spot_hours=sum(r.billed_seconds for r in rows if r.market == SPOT) / 3600.0,
                 on_demand_hours=sum(r.billed_seconds for r in rows if r.market == ON_DEMAND) / 3600.0,
-                deadline_s=spec.objective.deadline_s,
+                deadline_s=spec.objective.deadline_s, egress_usd=job.egress_usd or 0.0, region_moves=job.region_moves or 0,
             )
 
     def events(self, job_id: str) -> list[tuple[float, str, str, str]]:
@@ -239,5 +241,5 @@ def run_job(trace: MarketTrace, job: SimJob, policy: Policy, start_s: float, *, 
         finish_hours=(o.finished_s - start) / 3600.0 if done and o.finished_s is not None else None,
         deadline_met=o.deadline_met, preemptions=o.preemptions, spot_hours=o.spot_hours,
         on_demand_hours=o.on_demand_hours, restarts=o.attempts, state=o.state, reason=o.reason,
-        on_demand_cost_usd=o.on_demand_cost_usd,
+        on_demand_cost_usd=o.on_demand_cost_usd, egress_usd=o.egress_usd, region_moves=o.region_moves,
     )

@@ -84,6 +84,15 @@ class Job(Base):
     # (issue 21, finding 9). "" for a job submitted before keys: it stays unsigned. A secret: never in
     # events, logs or API answers.
     checkpoint_key: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # Moves of the job's state to another region or cloud (issue 23): where its state lives now
+    # (``cloud/region`` of the gang that last ran; "" before the first gang), the checkpoint's size
+    # the runtime measured (GB; None until it has checkpointed: the spec's ``checkpoint.size_gb``
+    # stands in), the egress billed for the moves (counted into ``cost_usd``, so the hard budget)
+    # and how many there were.
+    state_location: Mapped[str] = mapped_column(String(160), default="", server_default="")
+    checkpoint_size_gb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    egress_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    region_moves: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The job's gang (its own table, ``gangs``), loaded with the job: a job read in one session is
     # used after it closes (``expire_on_commit=False``).
     gang_row: Mapped[Gang | None] = relationship(lazy="selectin", cascade="all, delete-orphan")

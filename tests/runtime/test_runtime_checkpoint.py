@@ -201,3 +201,13 @@ def test_an_edited_manifest_fails_its_hash(tmp_path: Path) -> None:
     with pytest.raises(CheckpointCorrupt, match="manifest fails its sha256"):
         mgr.load(2)
     assert mgr.load_latest().step == 1  # type: ignore[union-attr]
+
+
+def test_the_durable_checkpoint_size_is_measured(tmp_path: Path) -> None:
+    """Issue 23: the size a move of the job carries is what the store holds (files and manifest),
+    reported as the progress record's ``checkpoint_size_gb``."""
+    mgr = CheckpointManager(make_store(f"file://{tmp_path}"), keep=2)
+    assert mgr.last_durable_size_gb is None
+    _save(mgr, 7)
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "checkpoints" / "7").iterdir())
+    assert mgr.last_durable_size_gb == pytest.approx(on_disk / 1e9)
