@@ -19,7 +19,9 @@ def test_an_older_database_gains_new_columns_and_keeps_its_jobs(tmp_path: Path) 
     Store(f"sqlite:///{db}")  # create the current schema, then make it look like an older release
     con = sqlite3.connect(db)
     con.execute("DROP TABLE alembic_version")  # made before Alembic
-    for col in ("stalled_restarts", "profile_json", "batch_json"):  # added by later releases
+    # added by later releases (the last four by Alembic revision state_0005)
+    for col in ("stalled_restarts", "profile_json", "batch_json", "state_location", "checkpoint_size_gb",
+                "egress_usd", "region_moves"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {col}")
     con.execute("DROP TABLE gangs")  # the gang was columns of the jobs row then
     for col, ddl in OLD_GANG_COLUMNS:
