@@ -118,6 +118,9 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"{cloud}: {exc}") from None
 
     _fail_fast(cloud, setup)
+    from autoscaler.fleet.runs import reap_abandoned_runs
+
+    reap_abandoned_runs(store)  # the live jobs of `spotrain run`s that were killed (fleet/runs.py)
     ctl = _leased_controller(store, setup, params, cid, tick_s, url, lease_ttl_s,
                              rebuild=(lambda: make_cloud(cloud, cloud_id=cid)) if executor == "local" else None)
     try:

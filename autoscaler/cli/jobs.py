@@ -1,12 +1,15 @@
 """``spotrain submit`` and ``spotrain cancel``: talk to the running controller over HTTP.
 
-Only to this home's live controller (or ``SPOTRAIN_CONTROLLER_URL``): without one both exit 3 with
-"no controller is running for SPOTRAIN_HOME=..." and contact nothing.
+Only to this home's live controller (or ``SPOTRAIN_CONTROLLER_URL``): without one ``submit`` exits 3
+with "no controller is running for SPOTRAIN_HOME=..." and contacts nothing; ``cancel`` then settles a
+job of a ``spotrain run`` that is gone in the database (``abandoned.py``).
 """
 
 from __future__ import annotations
 
 import click
+
+from ..errors import ControllerUnreachable
 
 
 @click.command("submit")
@@ -37,8 +40,14 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool, dr
 @click.command("cancel")
 @click.argument("job_ref", metavar="JOB")
 def cancel_command(job_ref: str) -> None:
-    """Cancel JOB (id or name) and release its instances."""
-    _require_controller()
+    """Cancel JOB (id or name) and release its instances. With no controller running, a job of a
+    `spotrain run` that is gone is cancelled in the database (its leftover workers stopped)."""
+    try:
+        _require_controller()
+    except ControllerUnreachable:
+        from .abandoned import cancel_without_controller
+
+        return cancel_without_controller(job_ref)
     from autoscaler.client.http import Client
 
     job = Client().cancel(job_ref)
@@ -51,7 +60,6 @@ def _require_controller() -> None:
     default port is ever contacted (``client/http.py``'s ``controller_url``)."""
     import os
 
-    from ..errors import ControllerUnreachable
     from ..home import live_controller_info, no_controller_message
 
     if not os.environ.get("SPOTRAIN_CONTROLLER_URL") and live_controller_info() is None:
