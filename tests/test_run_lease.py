@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
-
 from cloud_providers.local.owner import CHECK_EVERY_S, STOP_GRACE_S, OwnerLease, OwnerWatch
+from support import PROTOCOL_WORKER, run_cli, worker_pids, write_pw_spec
 
 # Seconds from the run's death to its workers' exit: the agent's check, and the grace it gives them.
 BOUND_S = CHECK_EVERY_S + STOP_GRACE_S
@@ -100,15 +99,6 @@ def test_killed_run_stops_its_workers_at_a_checkpoint_and_its_bill_then(spotrain
     ckpt_step = int((spotrain_home / "checkpoints" / job_id / "checkpoints" / "step.txt").read_text())
     assert ckpt_step >= 10
 
-    # With no controller, `status` shows the job and says what became of it.
-    st = run_cli("status", job_id, "--json")
-    assert st.returncode == 0, st.stderr
-    shown = _last_json(st.stdout)
-    assert shown["job_id"] == job_id and "spotrain run was killed" in shown["reason"], shown
-    assert f"spotrain resume {job_id}" in shown["reason"]
-    table = run_cli("status")
-    assert table.returncode == 0 and job_id in table.stdout
-
     time.sleep(4)  # the bill must not run on until the next command looks (4 s = 4 market minutes)
     env = {"PW_STEPS": str(ckpt_step + 10), "PW_STEP_S": "0.05", "PW_SAY_START": "1"}
     try:
@@ -165,6 +155,25 @@ def test_cancel_with_no_controller_ends_a_killed_runs_job_and_its_leftover_worke
     assert again.returncode == 0 and "CANCELLED (it had already ended)" in again.stdout
     missing = run_cli("cancel", "no-such-job")
     assert missing.returncode == 5 and "no job" in missing.stderr
+
+
+@pytest.mark.e2e
+def test_status_with_no_controller_shows_a_killed_runs_job_and_what_became_of_it(spotrain_home: Path,
+                                                                                  tmp_path: Path) -> None:
+    spec = write_pw_spec(tmp_path, name="shown", workers="{min: 1, max: 1}")
+    job, _ = _start_and_kill(spotrain_home, spec, "shown", at_step=3, env={"PW_STEPS": "100000", "PW_STEP_S": "0.05"})
+    job_id = job["job_id"]
+    st = run_cli("status", job_id, "--json")
+    assert st.returncode == 0, st.stderr
+    shown = _last_json(st.stdout)
+    assert shown["job_id"] == job_id and shown["state"] == "RUNNING"
+    assert "spotrain run was killed" in shown["reason"] and f"spotrain resume {job_id}" in shown["reason"], shown
+    table = run_cli("status")
+    assert table.returncode == 0 and job_id in table.stdout and "RUNNING" in table.stdout
+    one = run_cli("status", job_id)
+    assert one.returncode == 0 and "spotrain run was killed" in one.stdout, one.stdout
+    listed = json.loads(run_cli("status", "--json").stdout.strip().splitlines()[-1])
+    assert [j["job_id"] for j in listed] == [job_id] and "spotrain run was killed" in listed[0]["reason"]
 
 
 def test_owner_watch_sees_a_dead_owner_at_once_and_a_silent_one_after_the_lease(tmp_path: Path) -> None:

@@ -118,9 +118,6 @@ def start(cloud: str, executor: str, host: str, port: int, tick_s: float, contro
         raise SpotrainError(f"{cloud}: {exc}") from None
 
     _fail_fast(cloud, setup)
-    from autoscaler.fleet.runs import reap_abandoned_runs
-
-    reap_abandoned_runs(store)  # the live jobs of `spotrain run`s that were killed (fleet/runs.py)
     ctl = _leased_controller(store, setup, params, cid, tick_s, url, lease_ttl_s,
                              rebuild=(lambda: make_cloud(cloud, cloud_id=cid)) if executor == "local" else None)
     try:
@@ -151,8 +148,10 @@ def _leased_controller(store: Any, setup: Any, params: Any, cid: str, tick_s: fl
                        rebuild: Callable[[], Any] | None) -> Any:
     """The controller, as a member of fleet ``cid`` (its leader lease, ``state/lease.py``): it leads, or
     stands by and takes over once the lease expires. ``rebuild``: the cloud setup a takeover acts with
-    (the local cloud's state, read afresh), else the one it started with."""
+    (the local cloud's state, read afresh), else the one it started with. The live jobs of ``spotrain
+    run``s that were killed are settled first (``fleet/runs.py``): nothing else would."""
     from ..controller import Controller
+    from ..fleet.runs import reap_abandoned_runs
     from ..home import home
     from ..policy import get_policy
     from ..policy.spotrain import SpotrainPolicy
@@ -162,6 +161,7 @@ def _leased_controller(store: Any, setup: Any, params: Any, cid: str, tick_s: fl
         fresh = rebuild() if rebuild is not None else setup
         return fresh.provider, fresh.executor
 
+    reap_abandoned_runs(store)
     lease = LeaderLease(store.engine, cid, Holder.here(str(home()), url), ttl_s=lease_ttl_s)
     return Controller(store=store, provider=setup.provider, executor=setup.executor,
                       policy=get_policy() if params is None else SpotrainPolicy(params),

@@ -125,8 +125,8 @@ def offline_summaries(url: str, job_ref: str | None, *, recent_ended: int | None
 
 
 def _noted(summary: dict[str, Any], job: Any) -> dict[str, Any]:
-    """``summary``, saying so when its job's ``spotrain run`` is gone (``abandoned.note_abandoned``)."""
-    from .abandoned import note_abandoned
+    """``summary``, saying so when its job's ``spotrain run`` is gone (``fleet/runs.note_abandoned``)."""
+    from autoscaler.fleet.runs import note_abandoned
 
     note_abandoned(summary, job.controller_id, job.submitted_at)
     return summary

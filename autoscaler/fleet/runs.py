@@ -91,6 +91,23 @@ def owner_gone(cloud_id: str, submitted_at: float) -> bool:
     return alive is False or (alive is None and time.time() - submitted_at >= OWNER_GRACE_S)
 
 
+def note_abandoned(summary: dict[str, Any], controller_id: str, submitted_at: float) -> None:
+    """Say in ``summary`` (``status`` from the database) that a live job's ``spotrain run`` is gone,
+    what its workers do about it and what the user can do."""
+    from cloud_providers.local.owner import CHECK_EVERY_S, STOP_GRACE_S
+
+    if summary.get("state") in _ENDED or not is_run(controller_id) or not owner_gone(controller_id, submitted_at):
+        return
+    job_id = summary.get("job_id")
+    summary["reason"] = (f"its spotrain run was killed: its workers stop at a checkpoint on their own (within "
+                         f"{CHECK_EVERY_S + STOP_GRACE_S:g} s) and their bill ends then; continue it with "
+                         f"`spotrain resume {job_id}`, or end it with `spotrain cancel {job_id}`")
+
+
+# The ended states (``jobs.domain.TERMINAL``, not imported: ``status`` stays light).
+_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "FAILED_NO_RESOURCE", "FAILED_BUDGET")
+
+
 def reap_abandoned_runs(store: Store) -> list[str]:
     """Settle the live jobs of every ``spotrain run`` that is gone (see the module doc); their ids."""
     with store.session() as s:
