@@ -233,3 +233,69 @@ def test_local_cloud_ends_the_bill_of_a_machine_when_it_stopped(tmp_path: Path) 
     assert changed.instance_id == inst.instance_id and changed.state.value == "terminated"
     assert cloud.billing(changed).billed_seconds == pytest.approx(600.0)  # 10 s x 60, not 60 s x 60
     assert cloud.poll() == []
+
+
+@pytest.mark.e2e
+def test_a_stopped_run_lets_its_lease_lapse_and_carries_on_when_continued(spotrain_home: Path, tmp_path: Path) -> None:
+    """SIGSTOP (Ctrl-Z) of `spotrain run`: its process lives, but its lease is not renewed; after
+    SPOTRAIN_RUN_LEASE_S the workers stop at a checkpoint (training and billing stop), and once the
+    command is continued it starts them again from that checkpoint and finishes."""
+    spec = write_pw_spec(tmp_path, name="paused", workers="{min: 1, max: 1}")
+    run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec), "--quiet", "--json"],
+                           env={**os.environ, "SPOTRAIN_HOME": str(spotrain_home), "PW_STEPS": "80", "PW_STEP_S": "0.05",
+                                "SPOTRAIN_RUN_LEASE_S": "2"},
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not ((spotrain_home / "spotrain.db").exists() and _step_of("paused") >= 5):
+            time.sleep(0.2)
+        run.send_signal(signal.SIGSTOP)
+        stopped_at = time.time()
+        while worker_pids(str(PROTOCOL_WORKER)) and time.time() < stopped_at + 2 + BOUND_S:
+            time.sleep(0.1)
+        gone = time.time() - stopped_at
+        assert not worker_pids(str(PROTOCOL_WORKER)), "workers of a stopped run kept training"
+        assert 1.5 <= gone <= 2 + CHECK_EVERY_S + 3, f"workers stopped {gone:.1f} s after SIGSTOP (lease 2 s)"
+        (record,) = [json.loads(p.read_text()) for p in spotrain_home.glob("localcloud/run-*/executor/instances/*/"
+                                                                             "attempt-*/owner-gone.json")]
+        assert "has not renewed its lease for 2 s" in record["why"]
+    finally:
+        run.send_signal(signal.SIGCONT)
+    out, _ = run.communicate(timeout=90)
+    assert run.returncode == 0, out[-2000:]
+    job = _last_json(out)
+    assert job["state"] == "SUCCEEDED" and job["attempts"] >= 2 and job["step"] == 80, job
+
+
+def _step_of(name: str) -> int:
+    try:
+        return int(_job_row(name)["step"])
+    except AssertionError:
+        return -1
+
+
+def test_a_machine_without_workers_ends_with_its_dead_owners_lease(spotrain_home: Path) -> None:
+    """A machine of a killed run's cloud that ran no agent then (waiting for the rest of its gang,
+    say) has nothing to stop at a checkpoint: its bill ends when the owner's lease ran out."""
+    from autoscaler.fleet.clouds import local_cloud
+    from cloud_providers.base import LaunchRequest
+    from cloud_providers.local.owner import LEASE_FILE
+
+    setup = local_cloud("run-0000beef")
+    cloud = setup.provider
+    offering = next(iter(cloud.offerings()))
+    inst = cloud.launch(LaunchRequest(offering=offering, market="on-demand", tags={"spotrain-job": "j"}, decision_id="d"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    renewed = time.time() - 0.5
+    (spotrain_home / "localcloud" / "run-0000beef" / LEASE_FILE).write_text(json.dumps(
+        {"pid": dead.pid, "pid_start": "0", "lease_s": 1.0, "seq": 7, "renewed_unix_s": renewed}))
+    time.sleep(1.5)  # polled after the lease ran out: billed until it did, not until now
+    (changed,) = cloud.poll()
+    assert changed.instance_id == inst.instance_id and changed.state.value == "terminated"
+    assert changed.terminated_at_s == pytest.approx(_market_s(spotrain_home, "run-0000beef", renewed + 1.0))
+
+
+def _market_s(home: Path, cloud_id: str, wall_s: float) -> float:
+    st = json.loads((home / "localcloud" / cloud_id / "cloud" / "cloud.json").read_text())
+    return float(st["offset_s"] + (wall_s - st["t0_wall"]) * st["time_scale"])

@@ -23,7 +23,7 @@ from cloud_providers.base import Provider
 from cloud_providers.executor import Executor
 from cloud_providers.local.executor import LocalExecutor
 from cloud_providers.local.market import MarketTrace
-from cloud_providers.local.owner import LEASE_FILE, STOP_GRACE_S
+from cloud_providers.local.owner import LEASE_FILE, STOP_GRACE_S, lease_expiry
 from cloud_providers.local.provider import DEFAULT_TIME_SCALE, LocalProvider
 from cloud_providers.local.scenario import Scenario
 
@@ -61,10 +61,19 @@ def local_cloud(
             return None
         return int(step)
 
+    def stopped_at(instance_id: str) -> float | None:
+        """When the machine stopped on its own: its agent's record (its owner was gone); or, for a
+        machine of a cloud whose owner is gone that runs no agent (nothing to checkpoint), when the
+        owner's lease ran out: the cloud went away with its owner (``owner.py``)."""
+        ended = executor.stopped_at(instance_id)
+        if ended is not None or executor.agent_running(instance_id):
+            return ended
+        return lease_expiry(root / LEASE_FILE)
+
     provider = LocalProvider(
         root=root / "cloud", trace=trace, time_scale=scale, scenario=scenario,
         on_terminate=executor.stop, progress_of=progress_of, min_billed_s=scenario.min_billed_s,
-        stopped_at=executor.stopped_at,
+        stopped_at=stopped_at,
     )
     return CloudSetup(provider, executor, provider.time_scale)
 

@@ -13,8 +13,9 @@ and ``cancel`` (the job it cancels, ``cancel_abandoned``). Settling one run:
 1. claims it: takes the lease named by the run's id (``state/lease.py``, as a fleet's controllers
    do), so that two commands never settle one run at once (the second one leaves it), and fences
    every commit it makes on that claim;
-2. reopens its local cloud and polls it: a machine that shut itself down is terminated at the
-   moment it did, so the bill ends there, not now;
+2. reopens its local cloud, lets machines still stopping on their own finish their checkpoint (not
+   for ``cancel``), and polls it: a machine that shut itself down is terminated at the moment it
+   did, one that ran no agent when the run died at the run's lease expiry, so bills end there, not now;
 3. observes the gang as its controller would have (progress, exit codes): a job whose workers
    finished meanwhile ends as it ended;
 4. ends the rest: FAILED, which ``spotrain resume`` continues from the checkpoint its workers wrote,
@@ -161,6 +162,8 @@ def _settle(store: Store, cid: str, job_ids: list[str], *, cancel: bool) -> dict
     out: dict[str, dict[str, Any]] = {}
     try:
         setup = local_cloud(cid)
+        if not cancel:
+            _let_machines_checkpoint(setup)
         ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                          controller_id=cid, tick_s=1.0, clock_rate=setup.clock_rate)
         with claim.fenced():
@@ -181,3 +184,18 @@ def _settle(store: Store, cid: str, job_ids: list[str], *, cancel: bool) -> dict
     finally:
         claim.release()
     return out
+
+
+def _let_machines_checkpoint(setup: Any) -> None:
+    """Wait (at most as long as they take, ``CHECK_EVERY_S + STOP_GRACE_S``) for machines of the dead
+    run still stopping on their own: their workers are writing the checkpoint ``resume`` continues
+    from, and stopping them now would lose it (``cancel`` does not wait: it stops them)."""
+    from cloud_providers.local.owner import CHECK_EVERY_S, STOP_GRACE_S
+
+    running = getattr(setup.executor, "agent_running", None)
+    if running is None:
+        return
+    deadline = time.monotonic() + CHECK_EVERY_S + STOP_GRACE_S + 1.0
+    while time.monotonic() < deadline and any(running(i.instance_id) for i in setup.provider.list_instances({})
+                                              if i.alive):
+        time.sleep(0.2)

@@ -181,6 +181,11 @@ class LocalExecutor:
         ended = record.get("ended_unix_s") if record else None
         return float(ended) if isinstance(ended, (int, float)) and not isinstance(ended, bool) else None
 
+    def agent_running(self, instance_id: str) -> bool:
+        """Whether the instance's latest attempt still has its agent running (its workers, or a setup)."""
+        adir = self._latest_attempt_dir(instance_id)
+        return adir is not None and not (adir / "done").exists() and self._agent_alive(adir) is not None
+
     def notify(self, instance_id: str, notice: Mapping[str, Any]) -> None:
         adir = self._latest_attempt_dir(instance_id)
         if adir is None or (adir / "done").exists():

@@ -150,6 +150,20 @@ class OwnerWatch:
         return None
 
 
+def lease_expiry(path: Path) -> float | None:
+    """When the lease in ``path`` ran out (its last renewal + ``lease_s``, wall time) if its owner's
+    process is gone; None while it lives, or without a readable lease. What a machine that ran no
+    agent when its owner died (waiting for the rest of its gang, say) is billed until."""
+    try:
+        body = json.loads(Path(path).read_text())
+        pid, renewed, lease_s = int(body["pid"]), float(body["renewed_unix_s"]), float(body["lease_s"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if pid > 0 and proc_start(pid) == body.get("pid_start"):
+        return None
+    return renewed + lease_s
+
+
 def record_owner_gone(attempt_dir: Path, why: str, *, ended_unix_s: float | None = None) -> None:
     """The agent's record that it shut its machine down for its owner (``ended_unix_s``: when its
     last rank ended; absent while they still run)."""
