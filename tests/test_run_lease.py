@@ -242,7 +242,7 @@ def test_a_stopped_run_lets_its_lease_lapse_and_carries_on_when_continued(spotra
     command is continued it starts them again from that checkpoint and finishes."""
     spec = write_pw_spec(tmp_path, name="paused", workers="{min: 1, max: 1}")
     run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec), "--quiet", "--json"],
-                           env={**os.environ, "SPOTRAIN_HOME": str(spotrain_home), "PW_STEPS": "80", "PW_STEP_S": "0.05",
+                           env={**os.environ, "SPOTRAIN_HOME": str(spotrain_home), "PW_STEPS": "100", "PW_STEP_S": "0.1",
                                 "SPOTRAIN_RUN_LEASE_S": "2"},
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -259,12 +259,14 @@ def test_a_stopped_run_lets_its_lease_lapse_and_carries_on_when_continued(spotra
         (record,) = [json.loads(p.read_text()) for p in spotrain_home.glob("localcloud/run-*/executor/instances/*/"
                                                                              "attempt-*/owner-gone.json")]
         assert "has not renewed its lease for 2 s" in record["why"]
+        (first,) = spotrain_home.glob("localcloud/run-*/executor/instances/*/attempt-1/exit-0")
+        assert first.read_text() == "85"  # stopped at the notice, with a checkpoint, long before step 100
     finally:
         run.send_signal(signal.SIGCONT)
     out, _ = run.communicate(timeout=90)
     assert run.returncode == 0, out[-2000:]
     job = _last_json(out)
-    assert job["state"] == "SUCCEEDED" and job["attempts"] >= 2 and job["step"] == 80, job
+    assert job["state"] == "SUCCEEDED" and job["attempts"] >= 2 and job["step"] == 100, job
 
 
 def _step_of(name: str) -> int:
@@ -299,3 +301,54 @@ def test_a_machine_without_workers_ends_with_its_dead_owners_lease(spotrain_home
 def _market_s(home: Path, cloud_id: str, wall_s: float) -> float:
     st = json.loads((home / "localcloud" / cloud_id / "cloud" / "cloud.json").read_text())
     return float(st["offset_s"] + (wall_s - st["t0_wall"]) * st["time_scale"])
+
+
+def test_a_run_being_settled_by_another_command_is_left_to_it(spotrain_home: Path) -> None:
+    """Settling a dead run takes a claim on it first (its lease row): while another live command holds
+    it, `cancel_abandoned` touches nothing and says so (None); once released, it proceeds."""
+    from autoscaler.fleet.runs import cancel_abandoned, reap_abandoned_runs
+    from autoscaler.home import db_url
+    from autoscaler.state import Store
+    from autoscaler.state.lease import Holder, LeaderLease
+
+    store = Store(db_url())
+    other = LeaderLease(store.engine, "run-0000cafe", Holder.here(str(spotrain_home)), ttl_s=60)
+    assert other.step() == "acquired"
+    assert cancel_abandoned(store, "some-job", "run-0000cafe") is None
+    other.release()
+    assert cancel_abandoned(store, "some-job", "run-0000cafe") is None  # claimed now, but no such live job
+    assert reap_abandoned_runs(store) == []
+
+
+@pytest.mark.e2e
+def test_cancel_through_a_live_service_settles_a_killed_runs_job(spotrain_home: Path, tmp_path: Path) -> None:
+    """With a controller service running, `cancel` goes through its API, which cancels the job of a
+    killed `spotrain run` (embedded: --scenario) in the database instead of refusing it as another's."""
+    from support import start_controller
+
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("events: []\n")
+    ctl = start_controller(spotrain_home)
+    try:
+        spec = write_pw_spec(tmp_path, name="beside", workers="{min: 1, max: 1}")
+        run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec), "--quiet",
+                                "--scenario", str(scenario)],
+                               env={**os.environ, "SPOTRAIN_HOME": str(spotrain_home), "PW_STEPS": "100000",
+                                    "PW_STEP_S": "0.05", "PW_IGNORE_NOTICE": "1"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and not worker_pids(str(PROTOCOL_WORKER)):
+                time.sleep(0.2)
+            assert worker_pids(str(PROTOCOL_WORKER))
+        finally:
+            run.send_signal(signal.SIGKILL)
+            run.wait(timeout=10)
+        r = run_cli("cancel", "beside")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip().endswith(": CANCELLED") and len(r.stdout.strip().splitlines()) == 1, r.stdout
+        assert not worker_pids(str(PROTOCOL_WORKER))
+        assert _last_json(run_cli("status", "beside", "--json").stdout)["state"] == "CANCELLED"
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        ctl.wait(timeout=10)

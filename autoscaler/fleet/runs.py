@@ -152,12 +152,15 @@ def _settle(store: Store, cid: str, job_ids: list[str], *, cancel: bool) -> dict
     from ..controller import Controller
     from ..jobs.domain import JobState
     from ..policy import get_policy
-    from ..state import Job
+    from ..state import Job, Store
     from ..state.lease import Holder, LeaderLease
 
     claim = LeaderLease(store.engine, cid, Holder.here(str(home())), ttl_s=CLAIM_TTL_S)
     if claim.step() != "acquired":
         return {}
+    # A store of its own, every commit of which is fenced on the claim (a service calling this keeps
+    # its own sessions as they were).
+    store = Store(store.engine.url.render_as_string(hide_password=False))
     claim.install_fence(store._sessions)  # noqa: SLF001 - the store's own sessionmaker, as Controller does
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -183,6 +186,7 @@ def _settle(store: Store, cid: str, job_ids: list[str], *, cancel: bool) -> dict
                     setup.provider.terminate(inst.instance_id)
     finally:
         claim.release()
+        store.engine.dispose()
     return out
 
 
