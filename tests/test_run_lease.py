@@ -28,6 +28,12 @@ def _last_json(out: str) -> dict:
     return data
 
 
+def _status(ref: str) -> dict:
+    r = run_cli("status", ref, "--json")
+    assert r.returncode == 0, r.stderr
+    return _last_json(r.stdout)
+
+
 def _job_row(name: str) -> dict:
     """The job's row and its instances' rows, read from the database as a test (no controller runs)."""
     from autoscaler.home import db_url
@@ -112,16 +118,16 @@ def test_killed_run_stops_its_workers_at_a_checkpoint_and_its_bill_then(spotrain
         ended_wall = _wall_of_market_s(spotrain_home, cid, inst["terminated_at_s"])
         assert killed_at < ended_wall <= gone_at + 0.5, (killed_at, ended_wall, gone_at)
         assert inst["billed_seconds"] == pytest.approx(inst["terminated_at_s"] - inst["launched_at_s"])
-        ended = _last_json(run_cli("status", job_id, "--json").stdout)
+        ended = _status(job_id)
         assert ended["state"] == "FAILED" and "stopped on their own" in ended["reason"], ended
         time.sleep(1)
-        assert _last_json(run_cli("status", job_id, "--json").stdout)["cost_usd"] == ended["cost_usd"]
+        assert _status(job_id)["cost_usd"] == ended["cost_usd"]
 
         # `resume` continues from the checkpoint the workers wrote when their owner was gone.
         assert new["last_checkpoint_step"] == ckpt_step
         deadline = time.time() + 60
         while time.time() < deadline:
-            done = _last_json(run_cli("status", new["job_id"], "--json").stdout)
+            done = _status(new["job_id"])
             if done["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
                 break
             time.sleep(0.5)
@@ -146,7 +152,7 @@ def test_cancel_with_no_controller_ends_a_killed_runs_job_and_its_leftover_worke
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip().splitlines()) == 1 and f"{job['job_id']}: CANCELLED" in r.stdout, r.stdout
     assert not worker_pids(str(PROTOCOL_WORKER))
-    st = _last_json(run_cli("status", job["job_id"], "--json").stdout)
+    st = _status(job["job_id"])
     assert st["state"] == "CANCELLED" and st["workers"] == [], st
     (inst,) = _job_row(job["job_id"])["instances"]
     assert inst["state"] == "terminated"
@@ -348,7 +354,7 @@ def test_cancel_through_a_live_service_settles_a_killed_runs_job(spotrain_home: 
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip().endswith(": CANCELLED") and len(r.stdout.strip().splitlines()) == 1, r.stdout
         assert not worker_pids(str(PROTOCOL_WORKER))
-        assert _last_json(run_cli("status", "beside", "--json").stdout)["state"] == "CANCELLED"
+        assert _status("beside")["state"] == "CANCELLED"
     finally:
         ctl.send_signal(signal.SIGTERM)
         ctl.wait(timeout=10)

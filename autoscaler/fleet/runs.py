@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,21 +148,29 @@ def cancel_abandoned(store: Store, job_id: str, controller_id: str) -> dict[str,
 def _settle(store: Store, cid: str, job_ids: list[str], *, cancel: bool) -> dict[str, dict[str, Any]]:
     """Settle the listed jobs of dead run ``cid`` under a claim on it (the module doc's steps);
     each settled job's summary (empty: another command holds the claim)."""
+    from sqlalchemy import event
+
     from autoscaler.fleet.clouds import local_cloud
 
     from ..controller import Controller
     from ..jobs.domain import JobState
     from ..policy import get_policy
-    from ..state import Job, Store
+    from ..state import Job
     from ..state.lease import Holder, LeaderLease
 
     claim = LeaderLease(store.engine, cid, Holder.here(str(home())), ttl_s=CLAIM_TTL_S)
     if claim.step() != "acquired":
         return {}
-    # A store of its own, every commit of which is fenced on the claim (a service calling this keeps
-    # its own sessions as they were).
-    store = Store(store.engine.url.render_as_string(hide_password=False))
-    claim.install_fence(store._sessions)  # noqa: SLF001 - the store's own sessionmaker, as Controller does
+    # Every commit this thread makes meanwhile is fenced on the claim. Not a second Store: opening the
+    # SQLite file again in a process that holds it open would drop that process's locks on it (POSIX
+    # locks end with any close of the file), and a service calls this beside its own sessions.
+    sessions, me = store._sessions, threading.get_ident()  # noqa: SLF001 - the store's own sessionmaker
+
+    def fence(s: Any) -> None:
+        if threading.get_ident() == me:
+            claim.fence(s)
+
+    event.listen(sessions, "before_commit", fence)
     out: dict[str, dict[str, Any]] = {}
     try:
         setup = local_cloud(cid)
@@ -169,24 +178,23 @@ def _settle(store: Store, cid: str, job_ids: list[str], *, cancel: bool) -> dict
             _let_machines_checkpoint(setup)
         ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
                          controller_id=cid, tick_s=1.0, clock_rate=setup.clock_rate)
-        with claim.fenced():
-            for job_id in job_ids:
-                with store.session() as s:
-                    job = s.get(Job, job_id)
-                    live = job is not None and job.controller_id == cid and not JobState(job.state).terminal
-                if not live:
-                    continue  # settled by another command before this one took the claim
-                why = ctl.observe_abandoned(job_id)
-                if cancel:
-                    out[job_id] = ctl.cancel(job_id)
-                else:
-                    out[job_id] = ctl.fail_abandoned(job_id, why) if why is not None else ctl.job_info(job_id)
-            for inst in setup.provider.list_instances({}):
-                if inst.alive:  # launched for a job that has ended since: it must not bill on
-                    setup.provider.terminate(inst.instance_id)
+        for job_id in job_ids:
+            with store.session() as s:
+                job = s.get(Job, job_id)
+                live = job is not None and job.controller_id == cid and not JobState(job.state).terminal
+            if not live:
+                continue  # settled by another command before this one took the claim
+            why = ctl.observe_abandoned(job_id)
+            if cancel:
+                out[job_id] = ctl.cancel(job_id)
+            else:
+                out[job_id] = ctl.fail_abandoned(job_id, why) if why is not None else ctl.job_info(job_id)
+        for inst in setup.provider.list_instances({}):
+            if inst.alive:  # launched for a job that has ended since: it must not bill on
+                setup.provider.terminate(inst.instance_id)
     finally:
+        event.remove(sessions, "before_commit", fence)
         claim.release()
-        store.engine.dispose()
     return out
 
 
