@@ -78,6 +78,16 @@ def _start_and_kill(home: Path, spec: Path, name: str, *, at_step: int, env: dic
     return _job_row(name), killed_at
 
 
+def _agent_done(adir: Path) -> Path:
+    """``adir`` once its agent recorded the end (its ranks' exit files first, then ``done``), which
+    follows the workers' exit by one of its polls."""
+    deadline = time.time() + 10
+    while not (adir / "done").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert (adir / "done").exists(), f"the agent of {adir} never recorded its end"
+    return adir
+
+
 def _wall_of_market_s(home: Path, cloud_id: str, market_s: float) -> float:
     """The wall time of a market time of local cloud ``cloud_id`` (its clock is in cloud.json)."""
     st = json.loads((home / "localcloud" / cloud_id / "cloud" / "cloud.json").read_text())
@@ -99,9 +109,9 @@ def test_killed_run_stops_its_workers_at_a_checkpoint_and_its_bill_then(spotrain
     # They stopped at a minibatch boundary with a checkpoint: exit 85 at the notice, not killed.
     adirs = list((spotrain_home / "localcloud" / cid / "executor" / "instances").glob("*/attempt-*"))
     assert len(adirs) == 1
-    assert (adirs[0] / "exit-0").read_text() == "85"
+    assert (_agent_done(adirs[0]) / "exit-0").read_text() == "85"
     record = json.loads((adirs[0] / "owner-gone.json").read_text())
-    assert "has exited" in record["why"] and killed_at < record["ended_unix_s"] <= gone_at + 0.5
+    assert "has exited" in record["why"] and killed_at < record["ended_unix_s"] <= gone_at + 1.5
     ckpt_step = int((spotrain_home / "checkpoints" / job_id / "checkpoints" / "step.txt").read_text())
     assert ckpt_step >= 10
 
@@ -116,7 +126,7 @@ def test_killed_run_stops_its_workers_at_a_checkpoint_and_its_bill_then(spotrain
         (inst,) = old["instances"]
         assert inst["state"] == "terminated"
         ended_wall = _wall_of_market_s(spotrain_home, cid, inst["terminated_at_s"])
-        assert killed_at < ended_wall <= gone_at + 0.5, (killed_at, ended_wall, gone_at)
+        assert killed_at < ended_wall <= gone_at + 1.5, (killed_at, ended_wall, gone_at)  # resume came 4+ s later
         assert inst["billed_seconds"] == pytest.approx(inst["terminated_at_s"] - inst["launched_at_s"])
         ended = _status(job_id)
         assert ended["state"] == "FAILED" and "stopped on their own" in ended["reason"], ended
@@ -262,11 +272,9 @@ def test_a_stopped_run_lets_its_lease_lapse_and_carries_on_when_continued(spotra
         gone = time.time() - stopped_at
         assert not worker_pids(str(PROTOCOL_WORKER)), "workers of a stopped run kept training"
         assert 1.5 <= gone <= 2 + CHECK_EVERY_S + 3, f"workers stopped {gone:.1f} s after SIGSTOP (lease 2 s)"
-        (record,) = [json.loads(p.read_text()) for p in spotrain_home.glob("localcloud/run-*/executor/instances/*/"
-                                                                             "attempt-*/owner-gone.json")]
-        assert "has not renewed its lease for 2 s" in record["why"]
-        (first,) = spotrain_home.glob("localcloud/run-*/executor/instances/*/attempt-1/exit-0")
-        assert first.read_text() == "85"  # stopped at the notice, with a checkpoint, long before step 100
+        (first,) = spotrain_home.glob("localcloud/run-*/executor/instances/*/attempt-1")
+        assert (_agent_done(first) / "exit-0").read_text() == "85"  # at the notice, with a checkpoint
+        assert "has not renewed its lease for 2 s" in json.loads((first / "owner-gone.json").read_text())["why"]
     finally:
         run.send_signal(signal.SIGCONT)
     out, _ = run.communicate(timeout=90)
