@@ -131,18 +131,20 @@ def test_not_a_tty_lines_and_cancel_from_a_second_terminal(spotrain_home: Path, 
 
 @pytest.mark.e2e
 def test_a_killed_run_is_reported_as_what_happened(spotrain_home: Path, tmp_path: Path) -> None:
-    """kill -9 of `spotrain run`: its workers are detached and finish on their own; the next `spotrain
-    run` finds the job and records how it ended, not that its workers were stopped."""
+    """kill -9 of `spotrain run`: its workers see their owner gone (its owner lease, issue 24) and stop
+    at a checkpoint on their own; the next `spotrain run` finds the job and records that, and where
+    `spotrain resume` continues from, not that it had to stop them."""
     spec = write_pw_spec(tmp_path, name="killed", workers="{min: 1, max: 1}")
     run = subprocess.Popen([sys.executable, "-m", "autoscaler.cli.main", "run", str(spec)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env=cli_env(spotrain_home, PW_STEPS="50"))
+                           stderr=subprocess.DEVNULL, env=cli_env(spotrain_home, PW_STEPS="500"))
     wait_step(spotrain_home, "killed", 5)
     assert run.poll() is None, "the run ended before it could be killed"
     os.kill(run.pid, signal.SIGKILL)
     run.wait(timeout=10)
     deadline = time.time() + 30
     while time.time() < deadline and worker_pids(str(PROTOCOL_WORKER)):
-        time.sleep(0.2)  # the workers run on to the end
+        time.sleep(0.2)  # the workers stop on their own, at a checkpoint
+    assert not worker_pids(str(PROTOCOL_WORKER))
     # What the next `spotrain run` does first (in process here: a second run would only add seconds).
     from autoscaler.cli.run import reap_abandoned_runs
     from autoscaler.home import db_url
@@ -151,6 +153,7 @@ def test_a_killed_run_is_reported_as_what_happened(spotrain_home: Path, tmp_path
     assert len(reap_abandoned_runs(Store(db_url()))) == 1
     st = json.loads(run_cli("status", "killed", "--json").stdout.strip().splitlines()[-1])
     logs = run_cli("logs", "killed").stdout
-    assert "spotrain run that owned this job was killed" in logs and "workers had ended on their own" in logs, logs
-    assert st["state"] in ("SUCCEEDED", "FAILED") and "were stopped" not in logs
-    assert st["step"] == 50
+    assert "spotrain run that owned this job was killed" in logs and "stopped on their own" in logs, logs
+    assert st["state"] == "FAILED" and "were stopped" not in logs
+    assert 5 <= st["last_checkpoint_step"] == st["step"] < 500
+    assert f"spotrain resume {st['job_id']}` continues from its checkpoint at step {st['step']}" in st["reason"]

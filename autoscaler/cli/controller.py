@@ -149,8 +149,10 @@ def _leased_controller(store: Any, setup: Any, params: Any, cid: str, tick_s: fl
                        rebuild: Callable[[], Any] | None) -> Any:
     """The controller, as a member of fleet ``cid`` (its leader lease, ``state/lease.py``): it leads, or
     stands by and takes over once the lease expires. ``rebuild``: the cloud setup a takeover acts with
-    (the local cloud's state, read afresh), else the one it started with."""
+    (the local cloud's state, read afresh), else the one it started with. The live jobs of ``spotrain
+    run``s that were killed are settled first (``fleet/runs.py``): nothing else would."""
     from ..controller import Controller
+    from ..fleet.runs import reap_abandoned_runs
     from ..home import home
     from ..policy import get_policy
     from ..policy.spotrain import SpotrainPolicy
@@ -160,6 +162,7 @@ def _leased_controller(store: Any, setup: Any, params: Any, cid: str, tick_s: fl
         fresh = rebuild() if rebuild is not None else setup
         return fresh.provider, fresh.executor
 
+    reap_abandoned_runs(store)
     lease = LeaderLease(store.engine, cid, Holder.here(str(home()), url), ttl_s=lease_ttl_s)
     return Controller(store=store, provider=setup.provider, executor=setup.executor,
                       policy=get_policy() if params is None else SpotrainPolicy(params),

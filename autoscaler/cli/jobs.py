@@ -1,7 +1,8 @@
 """``spotrain submit`` and ``spotrain cancel``: talk to the running controller over HTTP.
 
-Only to this home's live controller (or ``SPOTRAIN_CONTROLLER_URL``): without one both exit 3 with
-"no controller is running for SPOTRAIN_HOME=..." and contact nothing.
+Only to this home's live controller (or ``SPOTRAIN_CONTROLLER_URL``): without one ``submit`` exits 3
+with "no controller is running for SPOTRAIN_HOME=..." and contacts nothing; ``cancel`` then settles a
+job of a ``spotrain run`` that is gone in the database (``abandoned.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import sys
 from typing import Any
 
 import click
+
+from ..errors import ControllerUnreachable
 
 
 @click.command("submit")
@@ -42,11 +45,20 @@ def submit_command(spec_path: str, overrides: tuple[str, ...], as_json: bool, dr
 @click.option("--all", "all_jobs", is_flag=True,
               help="Cancel every live job of this home's controller (asks nothing; prints each).")
 def cancel_command(job_ref: str | None, all_jobs: bool) -> None:
-    """Cancel JOB (id or name), or every live job with --all, and release its instances."""
+    """Cancel JOB (id or name), or every live job with --all, and release its instances. With no
+    controller running, a job of a `spotrain run` that is gone is cancelled in the database (its
+    leftover workers stopped)."""
     if (job_ref is None) == (not all_jobs):
         raise click.UsageError("name one JOB to cancel, or --all for every live job" if job_ref is None
                                else "name one JOB or --all, not both")
-    _require_controller()
+    try:
+        _require_controller()
+    except ControllerUnreachable:
+        if job_ref is None:
+            raise
+        from .abandoned import cancel_without_controller
+
+        return cancel_without_controller(job_ref)
     from autoscaler.client.http import Client
 
     client = Client()
@@ -90,7 +102,6 @@ def _require_controller() -> None:
     default port is ever contacted (``client/http.py``'s ``controller_url``)."""
     import os
 
-    from ..errors import ControllerUnreachable
     from ..home import live_controller_info, no_controller_message
 
     if not os.environ.get("SPOTRAIN_CONTROLLER_URL") and live_controller_info() is None:

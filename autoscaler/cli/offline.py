@@ -137,9 +137,17 @@ def offline_summaries(url: str, job_ref: str | None, *, recent_ended: int | None
     if job_ref is None:
         jobs = db.jobs(recent_ended=recent_ended, states=states)
         rows = db.instances_of([j.job_id for j in jobs])
-        return finite_json([summary_dict(j, rows[j.job_id]) for j in jobs])
+        return finite_json([_noted(summary_dict(j, rows[j.job_id]), j) for j in jobs])
     j = db.job(job_ref)
-    return finite_json(summary_dict(j, db.instances(j.job_id)))
+    return finite_json(_noted(summary_dict(j, db.instances(j.job_id)), j))
+
+
+def _noted(summary: dict[str, Any], job: Any) -> dict[str, Any]:
+    """``summary``, saying so when its job's ``spotrain run`` is gone (``fleet/runs.note_abandoned``)."""
+    from autoscaler.fleet.runs import note_abandoned
+
+    note_abandoned(summary, job.controller_id, job.submitted_at)
+    return summary
 
 
 def offline_logs(url: str, job_ref: str, rank: int | None) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -13,12 +12,10 @@ from typing import Any
 
 import click
 
+from ..fleet.runs import reap_abandoned_runs, write_owner
 from .params import policy_params_option, read_policy_params
 
-OWNER_FILE = "owner.json"
-# A run whose owner file is missing (written right after its cloud starts) counts as abandoned only
-# once its job is this old: a run starting at the same moment is not mistaken for a dead one.
-OWNER_GRACE_S = 60.0
+__all__ = ["reap_abandoned_runs", "run_command"]
 
 
 @click.command("run")
@@ -112,9 +109,10 @@ def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any,
     from .progress import make_view
 
     scenario = _load_scenario(scenario_path)
+    lease_s = _lease_s()
     store = Store(db_url())
     reap_abandoned_runs(store)
-    ctl, setup = _embedded_controller(store, scenario, params)
+    ctl, setup, lease = _embedded_controller(store, scenario, params, lease_s)
     from autoscaler.client.logs import install_controller_log
 
     from ..home import localcloud_dir
@@ -137,13 +135,28 @@ def _run_embedded(spec: Any, workdir: Path, scenario_path: str | None, out: Any,
         ctl.cancel(job_id)
         api.close()
         ctl.shutdown()
+        lease.stop()
         click.echo(f"spotrain: interrupted; {job_id} cancelled and its instances released", err=True)
         sys.exit(130)
     view.close()
     api.close()
     ctl.shutdown()
     _release_leftovers(setup.provider)
+    lease.stop()
     _report(ctl.job_info(job_id), out, as_json)
+
+
+def _lease_s() -> float:
+    """The owner lease's period (``SPOTRAIN_RUN_LEASE_S``, ``cloud_providers/local/owner.py``); a bad
+    value is a one-line error before anything starts."""
+    from cloud_providers.local.owner import lease_s_from_env
+
+    from ..errors import SpecError
+
+    try:
+        return lease_s_from_env()
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
 
 
 class _EmbeddedApi:
@@ -159,6 +172,7 @@ class _EmbeddedApi:
         import uvicorn
 
         from autoscaler.server.api import create_app
+        from cloud_providers.local.owner import proc_start
 
         from ..home import ensure_token, localcloud_dir, read_controller_info, write_controller_info
 
@@ -174,7 +188,7 @@ class _EmbeddedApi:
         self.thread.start()
         info = read_controller_info()
         pid = int(str(info.get("pid", 0))) if info else 0
-        self.registered = info is None or pid <= 0 or _proc_start(pid) is None
+        self.registered = info is None or pid <= 0 or proc_start(pid) is None
         if self.registered:
             write_controller_info(self.url, os.getpid(), embedded=ctl.controller_id)
         write_owner(localcloud_dir(ctl.controller_id), url=self.url)
@@ -207,10 +221,12 @@ def _load_scenario(scenario_path: str | None) -> Any:
         raise SpecError(str(exc)) from None
 
 
-def _embedded_controller(store: Any, scenario: Any, params: Any = None) -> tuple[Any, Any]:
-    """A fresh local cloud (its owner file written) and a controller over it (the spotrain policy with
-    ``params`` when given); neither started."""
+def _embedded_controller(store: Any, scenario: Any, params: Any, lease_s: float) -> tuple[Any, Any, Any]:
+    """A fresh local cloud (its owner file written, its owner lease held and renewed: its machines
+    stop once this command is gone) and a controller over it (the spotrain policy with ``params``
+    when given), not started; and the lease, to stop when the cloud has been emptied."""
     from autoscaler.fleet.clouds import local_cloud
+    from cloud_providers.local.owner import OwnerLease
 
     from ..controller import Controller
     from ..home import localcloud_dir
@@ -218,14 +234,15 @@ def _embedded_controller(store: Any, scenario: Any, params: Any = None) -> tuple
     from ..policy.spotrain import SpotrainPolicy
 
     cloud_id = f"run-{uuid.uuid4().hex[:8]}"
-    setup = local_cloud(cloud_id, scenario=scenario)
+    setup = local_cloud(cloud_id, scenario=scenario, owner_lease_s=lease_s)
     write_owner(localcloud_dir(cloud_id))
+    lease = OwnerLease(localcloud_dir(cloud_id), lease_s=lease_s).start()
     ctl = Controller(
         store=store, provider=setup.provider, executor=setup.executor,
         policy=get_policy() if params is None else SpotrainPolicy(params),
         controller_id=cloud_id, tick_s=0.25, clock_rate=setup.clock_rate,
     )
-    return ctl, setup
+    return ctl, setup, lease
 
 
 def _end_on_signals() -> None:
@@ -260,59 +277,3 @@ def _report(j: dict[str, Any], out: Any, as_json: bool) -> None:
 
 
 command = run_command
-
-
-def _proc_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat): with the pid it names one
-    process, whatever pid reuse happened since."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def write_owner(cloud_dir: Path, **extra: str) -> None:
-    pid = os.getpid()
-    (cloud_dir / OWNER_FILE).write_text(json.dumps({"pid": pid, "start": _proc_start(pid), **extra}))
-
-
-def _owner_alive(cloud_dir: Path) -> bool | None:
-    """True/False for a recorded owner, None when no owner was recorded."""
-    try:
-        owner: dict[str, Any] = json.loads((cloud_dir / OWNER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    start = _proc_start(int(owner.get("pid", -1)))
-    return start is not None and start == owner.get("start")
-
-
-def reap_abandoned_runs(store: Any) -> list[str]:
-    """End the jobs of earlier ``spotrain run`` commands that were killed (SIGKILL, a crash, a closed
-    terminal): their embedded controller died with them, so nothing would ever release their workers,
-    bill their last seconds or end them, and their names would stay taken. Each is re-opened on its
-    own local cloud, its instances terminated (which stops its workers) and the job marked FAILED."""
-    from autoscaler.fleet.clouds import local_cloud
-
-    from ..controller import Controller
-    from ..home import fleet_dir
-    from ..policy import get_policy
-
-    with store.session() as s:
-        stale = [(j.job_id, j.controller_id, j.submitted_at)
-                 for j in store.jobs(s, live_only=True) if j.controller_id.startswith("run-")]
-    reaped: list[str] = []
-    for job_id, cid, submitted_at in stale:
-        cloud_dir = fleet_dir() / "localcloud" / cid
-        alive = _owner_alive(cloud_dir)
-        if alive or (alive is None and time.time() - submitted_at < OWNER_GRACE_S):
-            continue
-        setup = local_cloud(cid)
-        ctl = Controller(store=store, provider=setup.provider, executor=setup.executor, policy=get_policy(),
-                         controller_id=cid, tick_s=1.0, clock_rate=setup.clock_rate)
-        why = ctl.observe_abandoned(job_id)  # a gang that finished meanwhile ends the job as it ended
-        if why is not None:
-            ctl.fail_abandoned(job_id, why)
-        reaped.append(job_id)
-    return reaped
-

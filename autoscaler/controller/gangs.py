@@ -95,19 +95,32 @@ def _infra_lost(gang: list[InstanceRow]) -> bool:
 
 
 def observe_abandoned(ctx: Context, s: Session, job: Job) -> str | None:
-    """Look at the workers of a job whose owner (a ``spotrain run``) was killed once: a gang that
-    finished meanwhile ends the job as it ended (succeeded, or failed with its exit codes) and None is
-    returned; otherwise the reason to fail it with, saying whether workers were still running."""
-    rows = ctx.store.instances(s, job.job_id, alive_only=True)
+    """Look at the workers of a job whose owner (a ``spotrain run``) was killed once: first what its
+    cloud did meanwhile (a machine that shut itself down when its owner was gone ends its bill when it
+    did, ``cloud_providers/local/owner.py``); a gang that finished meanwhile ends the job as it ended
+    (succeeded, or failed with its exit codes) and None is returned; otherwise the reason to fail it
+    with, saying what became of its workers and where it can resume from."""
+    for inst in ctx.provider.poll():
+        row = s.get(InstanceRow, inst.instance_id)
+        if row is not None:
+            on_instance_change(ctx, s, row, inst.state, inst.interruption, inst.terminated_at_s)
+    rows = ctx.store.instances(s, job.job_id)
     gang = [r for r in rows if job.gang.attempt and r.attempt == job.gang.attempt]
-    states = [ctx.executor.status(r.instance_id, job.gang.attempt).state for r in gang]
-    observe_gang(ctx, s, job, ctx.store.instances(s, job.job_id))
+    stopped_at = getattr(ctx.executor, "stopped_at", None)
+    stopped = [r for r in gang if stopped_at is not None and stopped_at(r.instance_id) is not None]
+    states = [ctx.executor.status(r.instance_id, job.gang.attempt).state for r in gang
+              if r.state != InstanceState.TERMINATED.value]
+    observe_gang(ctx, s, job, rows)
     if JobState(job.state).terminal:
         ctx.note(s, job, "owner-gone", f"the spotrain run that owned this job was killed; its workers had "
                                        f"ended on their own: {job.state}")
         return None
     at = f"step {job.step}" + (f"/{job.total_steps}" if job.total_steps else "")
-    if any(st is GangState.RUNNING for st in states):
+    if stopped:
+        ckpt = f"its checkpoint at step {job.last_checkpoint_step}" if job.last_checkpoint_step else "the start"
+        workers = (f"its workers stopped on their own when it was gone, at a checkpoint, and their machines' bills "
+                   f"ended then; `spotrain resume {job.job_id}` continues from {ckpt}")
+    elif any(st is GangState.RUNNING for st in states):
         workers = "its workers were still running and have been stopped"
     elif states:
         workers = "its workers had already exited"

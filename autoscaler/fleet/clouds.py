@@ -23,6 +23,7 @@ from cloud_providers.base import Provider
 from cloud_providers.executor import Executor
 from cloud_providers.local.executor import LocalExecutor
 from cloud_providers.local.market import MarketTrace
+from cloud_providers.local.owner import LEASE_FILE, STOP_GRACE_S, lease_expiry
 from cloud_providers.local.provider import DEFAULT_TIME_SCALE, LocalProvider
 from cloud_providers.local.scenario import Scenario
 
@@ -37,10 +38,16 @@ class CloudSetup:
 
 def local_cloud(
     cloud_id: str, *, scenario: Scenario | None = None, trace_path: Path | None = None,
-    time_scale: float | None = None,
+    time_scale: float | None = None, owner_lease_s: float | None = None,
 ) -> CloudSetup:
+    """The local cloud ``cloud_id`` (its state under ``SPOTRAIN_FLEET_DIR/localcloud/``, made or
+    reopened). ``owner_lease_s``: its machines stop once the process that owns the cloud (a ``spotrain
+    run``, which holds ``OwnerLease(root, lease_s=owner_lease_s)``) is gone (``owner.py``); None: its
+    workers outlive any controller."""
     root = localcloud_dir(cloud_id)
-    executor = LocalExecutor(root / "executor")
+    lease = None if owner_lease_s is None else {
+        "path": str(root / LEASE_FILE), "lease_s": owner_lease_s, "grace_s": STOP_GRACE_S}
+    executor = LocalExecutor(root / "executor", owner_lease=lease)
     scenario = scenario or Scenario()
     trace_file = trace_path or scenario.market
     trace = MarketTrace.load(trace_file) if trace_file else MarketTrace.bundled()
@@ -54,9 +61,19 @@ def local_cloud(
             return None
         return int(step)
 
+    def stopped_at(instance_id: str) -> float | None:
+        """When the machine stopped on its own: its agent's record (its owner was gone); or, for a
+        machine of a cloud whose owner is gone that runs no agent (nothing to checkpoint), when the
+        owner's lease ran out: the cloud went away with its owner (``owner.py``)."""
+        ended = executor.stopped_at(instance_id)
+        if ended is not None or executor.agent_running(instance_id):
+            return ended
+        return lease_expiry(root / LEASE_FILE)
+
     provider = LocalProvider(
         root=root / "cloud", trace=trace, time_scale=scale, scenario=scenario,
         on_terminate=executor.stop, progress_of=progress_of, min_billed_s=scenario.min_billed_s,
+        stopped_at=stopped_at,
     )
     return CloudSetup(provider, executor, provider.time_scale)
 

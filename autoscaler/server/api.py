@@ -287,11 +287,22 @@ def _cancel(controller: Controller, ref: str, token: str) -> Any:
     try:
         return controller.cancel(ref)
     except NotOwner as exc:
-        # A job of a `spotrain run` (its own embedded controller): asked of it, over its API.
+        # A job of a `spotrain run` (its own embedded controller): asked of it, over its API; or, when
+        # that command is gone, cancelled here in the database (``fleet/runs.py``).
         forwarded = _cancel_at_owner(exc.owner, exc.job_id, token)
+        if forwarded is None:
+            forwarded = _cancel_abandoned(controller, exc.owner, exc.job_id)
         if forwarded is None:
             raise
         return forwarded
+
+
+def _cancel_abandoned(controller: Controller, owner: str, job_id: str) -> dict[str, Any] | None:
+    from autoscaler.fleet.runs import cancel_abandoned, is_run, owner_alive
+
+    if not is_run(owner) or owner_alive(owner):
+        return None
+    return cancel_abandoned(controller.store, job_id, owner)
 
 
 def _cancel_at_owner(owner: str, job_id: str, token: str) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from autoscaler.controller import Controller
 from autoscaler.errors import Conflict, JobNotFound
+from autoscaler.fleet.runs import settle_if_abandoned
 from autoscaler.jobs.domain import JobState
 from autoscaler.jobs.spec import spec_from_stored
 from autoscaler.state import Job
@@ -28,6 +29,7 @@ class NotResumable(Conflict):
 def resume_job(ctl: Controller, ref: str) -> dict[str, Any]:
     """Submit the continuation of ended job ``ref`` to ``ctl``; the new job's summary."""
     store = ctl.store
+    settle_if_abandoned(store, ref)  # a live job of a killed `spotrain run` ends first (FAILED), then resumes
     with store.session() as s:
         old = store.job(s, ref)
         if old is None:

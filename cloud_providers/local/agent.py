@@ -9,7 +9,9 @@ can keep talking to its controller while a long ``setup`` runs. Two agents use i
 - the local agent below: one detached process per (instance, attempt), started by ``LocalExecutor`` in
   a new session, so the workers outlive the controller (a controller crash must not kill training) and
   the whole "machine" can be killed at once with ``killpg``. It forwards SIGTERM to the ranks (a
-  notice source of the runtime) and records each rank's exit code in a file;
+  notice source of the runtime) and records each rank's exit code in a file. The machines of a
+  ``spotrain run``'s own cloud also watch that command's owner lease (``owner.py``): once it is gone,
+  they stop their ranks at a checkpoint and shut down, so a killed ``run`` stops training and billing;
 - the instance agent on a real cloud machine (``cloud_providers/remote/agent.py``), which puts the
   ranks in a process group of their own so that a stop order kills them (and anything they spawned)
   without killing the agent.
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import IO
 
 from ..launch import WorkerLaunch
+from ..protocol import NOTICE_PREEMPTION
+from .owner import CHECK_EVERY_S, STOP_GRACE_S, OwnerWatch, record_owner_gone
 
 PHASE_IDLE = "idle"
 PHASE_SETUP = "setup"
@@ -194,6 +198,7 @@ def main(config_path: str) -> int:
         setup_log=Path(launch.log_dir) / f"setup-{launch.instance_id}.log",
     )
     signal.signal(signal.SIGTERM, lambda signum, _frame: gang.send_signal(signum))
+    guard = OwnerGuard.from_config(cfg.get("owner_lease"), adir)
     gang.start()
     written: set[int] = set()
     while True:
@@ -204,9 +209,56 @@ def main(config_path: str) -> int:
                 written.add(r)
         if done:
             break
+        if guard is not None:
+            guard.step(gang)
         time.sleep(0.05)
+    if guard is not None:
+        guard.ended()
     _write_atomic(adir / "done", "setup failed" if gang.setup_failed else "ok")
     return 0
+
+
+class OwnerGuard:
+    """The local agent's watch on the owner of its cloud (``owner.py``): when the owner is gone, the
+    ranks get a stop notice, ``grace_s`` to checkpoint and exit, and are killed after that."""
+
+    def __init__(self, watch: OwnerWatch, attempt_dir: Path, grace_s: float) -> None:
+        self.watch, self.adir, self.grace_s = watch, attempt_dir, grace_s
+        self.why: str | None = None
+        self._next_check = 0.0
+        self._kill_at = 0.0
+
+    @staticmethod
+    def from_config(cfg: object, attempt_dir: Path) -> OwnerGuard | None:
+        """From the agent config's ``owner_lease`` (``{"path", "lease_s", "grace_s"}``); None without one."""
+        if not isinstance(cfg, dict):
+            return None
+        watch = OwnerWatch(Path(str(cfg["path"])), lease_s=float(cfg["lease_s"]))
+        return OwnerGuard(watch, attempt_dir, float(cfg.get("grace_s", STOP_GRACE_S)))
+
+    def step(self, gang: Gang) -> None:
+        now = time.monotonic()
+        if self.why is None:
+            if now < self._next_check:
+                return
+            self._next_check = now + CHECK_EVERY_S
+            self.why = self.watch.gone()
+            if self.why is None:
+                return
+            record_owner_gone(self.adir, self.why)
+            notice = self.adir / "notice.json"
+            if not notice.exists():
+                _write_atomic(notice, json.dumps({"reason": NOTICE_PREEMPTION, "deadline_unix_s": time.time() + self.grace_s,
+                                                  "detail": f"owner-gone: {self.why}"}))
+            # Still in setup: there is nothing to checkpoint, so nothing to wait for.
+            self._kill_at = now + (self.grace_s if gang.phase == PHASE_RUNNING else 0.0)
+        if now >= self._kill_at:
+            gang.kill()
+
+    def ended(self) -> None:
+        """Every rank has ended: record when, which is when this machine's bill ends."""
+        if self.why is not None:
+            record_owner_gone(self.adir, self.why, ended_unix_s=time.time())
 
 
 if __name__ == "__main__":

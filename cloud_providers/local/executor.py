@@ -7,6 +7,7 @@ Layout under ``root``::
     instances/<instance_id>/attempt-<n>/notice.json  the notice file the runtime watches
     instances/<instance_id>/attempt-<n>/exit-<rank>  exit code of each rank, as it happens
     instances/<instance_id>/attempt-<n>/done         all ranks of the instance have exited
+    instances/<instance_id>/attempt-<n>/owner-gone.json  the agent stopped them: its cloud's owner was gone
     jobs/<job_id>/progress.json                      rank 0's progress report
 
 Everything is in files, so a restarted controller picks up exactly where the last one stopped.
@@ -33,6 +34,7 @@ from typing import Any
 from ..executor import GangState, WorkerLaunch, WorkerStatus
 from ..jobfiles import JobFileReader, read_small_text
 from ..protocol import ENV_NOTICE_FILE, ENV_PROGRESS_FILE, ProgressError, ProgressRecord, parse_progress
+from .owner import owner_gone_record
 
 log = logging.getLogger("spotrain.local")
 
@@ -52,8 +54,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 class LocalExecutor:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, owner_lease: Mapping[str, Any] | None = None) -> None:
+        """``owner_lease``: ``{"path", "lease_s", "grace_s"}`` of the owner lease its agents watch
+        (``owner.py``: the cloud of a ``spotrain run``, whose machines stop when that command is
+        gone); None: the workers outlive any controller (a service's cloud)."""
         self.root = Path(root)
+        self.owner_lease = dict(owner_lease) if owner_lease is not None else None
         (self.root / "instances").mkdir(parents=True, exist_ok=True)
         (self.root / "jobs").mkdir(parents=True, exist_ok=True)
         self._progress = JobFileReader(max_bytes=MAX_PROGRESS_BYTES)
@@ -93,6 +99,8 @@ class LocalExecutor:
             "instance_dir": str(self._idir(launch.instance_id)),
             "attempt_dir": str(adir),
         }
+        if self.owner_lease is not None:
+            cfg["owner_lease"] = self.owner_lease
         cfg_path = adir / "agent.json"
         _write_atomic(cfg_path, json.dumps(cfg))
         proc = subprocess.Popen(
@@ -162,6 +170,21 @@ class LocalExecutor:
             (int(p.name.split("-", 1)[1]), p) for p in idir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit()
         )
         return attempts[-1][1] if attempts else None
+
+    def stopped_at(self, instance_id: str) -> float | None:
+        """The wall time the instance's machine shut itself down because the owner of its cloud was
+        gone (``owner.py``: when its last rank ended); None while it runs, or if it never did."""
+        adir = self._latest_attempt_dir(instance_id)
+        if adir is None or not (adir / "done").exists():
+            return None
+        record = owner_gone_record(adir)
+        ended = record.get("ended_unix_s") if record else None
+        return float(ended) if isinstance(ended, (int, float)) and not isinstance(ended, bool) else None
+
+    def agent_running(self, instance_id: str) -> bool:
+        """Whether the instance's latest attempt still has its agent running (its workers, or a setup)."""
+        adir = self._latest_attempt_dir(instance_id)
+        return adir is not None and not (adir / "done").exists() and self._agent_alive(adir) is not None
 
     def notify(self, instance_id: str, notice: Mapping[str, Any]) -> None:
         adir = self._latest_attempt_dir(instance_id)

@@ -11,6 +11,9 @@ when the notice runs out. A scenario (``scenario.py``) adds scripted capacity ca
 The local machine needs a few real seconds to act on a notice however compressed the market is, so a
 notice lasts at least ``min_notice_real_s`` of wall time (billing still follows the market clock).
 
+A machine of a ``spotrain run``'s own cloud shuts itself down when that command is gone (``owner.py``);
+``poll`` ends its bill at the moment it did, however much later a controller looks.
+
 State (instances, launch decisions, the clock origin, fired scenario events) is a JSON file rewritten
 atomically, so the cloud outlives a controller crash just as a real one would.
 """
@@ -51,10 +54,13 @@ class LocalProvider:
         progress_of: Callable[[str], int | None] | None = None,
         clock: Callable[[], float] = time.time,
         min_billed_s: float = 0.0,
+        stopped_at: Callable[[str], float | None] | None = None,
     ) -> None:
         """``root``: where the cloud's state file lives (None: in memory only, for the simulator);
         ``clock``: the clock the market runs on (wall time, or the simulator's virtual clock);
-        ``min_billed_s``: the least it bills a launch, as real clouds do (EC2: 60 s)."""
+        ``min_billed_s``: the least it bills a launch, as real clouds do (EC2: 60 s);
+        ``stopped_at``: the wall time an instance's machine shut itself down, or None
+        (``LocalExecutor.stopped_at``: its owner was gone, ``owner.py``); ``poll`` ends its bill then."""
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         if min_billed_s < 0:
@@ -68,6 +74,7 @@ class LocalProvider:
         self.min_notice_real_s = min_notice_real_s
         self._on_terminate = on_terminate
         self._progress_of = progress_of
+        self._stopped_at = stopped_at
         self._clock = clock
         self._lock = threading.RLock()
         self._path = None if self.root is None else self.root / "cloud.json"
@@ -260,6 +267,8 @@ class LocalProvider:
                     changed[iid] = self._state["instances"][iid]
             self._state["unreported"] = []
             wall = self._clock()
+            # 0. Machines that shut themselves down (their owner was gone): billed until they did.
+            self._shut_down_on_their_own(changed)
             # 1. Notices that ran out: the cloud takes the machine back.
             for rec in self._state["instances"].values():
                 if rec["state"] == InstanceState.NOTICE.value and wall >= rec["notice_deadline_wall"]:
@@ -306,6 +315,22 @@ class LocalProvider:
                     self._give_notice(rec, "spot-market", changed)
             self._save()
             return [self._to_instance(r) for r in changed.values()]
+
+    def _market_s_at(self, wall_s: float) -> float:
+        return float(self._state["offset_s"] + (wall_s - self._state["t0_wall"]) * self.time_scale)
+
+    def _shut_down_on_their_own(self, changed: dict[str, dict[str, Any]]) -> None:
+        if self._stopped_at is None:
+            return
+        for rec in self._state["instances"].values():
+            if rec["state"] == InstanceState.TERMINATED.value:
+                continue
+            wall_s = self._stopped_at(rec["instance_id"])
+            if wall_s is None:
+                continue
+            self._kill(rec)
+            rec["terminated_at_s"] = max(rec["launched_at_s"], min(rec["terminated_at_s"], self._market_s_at(wall_s)))
+            changed[rec["instance_id"]] = rec
 
     def billing(self, instance: Instance) -> Billing:
         rec = self._state["instances"].get(instance.instance_id)

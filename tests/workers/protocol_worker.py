@@ -3,7 +3,7 @@
 It counts steps (``PW_STEPS`` total, ``PW_STEP_S`` seconds each), resumes from the step it recorded
 under the checkpoint URI, writes progress, stops with exit 85 at the next step after a notice, and
 exits with ``PW_FAIL_CODE`` at step ``PW_FAIL_AT`` when asked (a user bug); ``PW_IGNORE_NOTICE=1`` makes
-it ignore notices. The real runtime is tested
+it ignore notices; ``PW_SAY_START=1`` makes each rank print the step it starts at. The real runtime is tested
 end to end elsewhere; this isolates the controller's state machine.
 """
 
@@ -29,6 +29,8 @@ notice = Path(os.environ["SPOTRAIN_NOTICE_FILE"])
 progress = Path(os.environ["SPOTRAIN_PROGRESS_FILE"])
 state = ckpt / "step.txt"
 step = int(state.read_text() or 0) if state.exists() else 0
+if os.environ.get("PW_SAY_START") == "1":
+    print(f"rank {rank}: starting at step {step}", flush=True)
 
 
 def save_step():
