@@ -40,9 +40,9 @@ from autoscaler.errors import SpecError  # noqa: E402
 from autoscaler.jobs.spec import JobSpec, spec_from_dict  # noqa: E402
 from autoscaler.policy import get_policy  # noqa: E402
 from autoscaler.simulator import SimResult, Simulation, make_sim_job, run_named  # noqa: E402
-from autoscaler.simulator.moves import MoveRecorder  # noqa: E402
 from autoscaler.simulator.omniscient import MoveCosts, PlanPolicy, plan_omniscient  # noqa: E402
 from cloud_providers.local.market import MarketTrace  # noqa: E402
+from research.moves import MoveRecorder  # noqa: E402
 from research.tracegen import (  # noqa: E402
     FLAPPING_4,
     MULTI_NODE,

@@ -13,11 +13,11 @@ import pytest
 from conftest import make_spec
 
 from autoscaler.policy import get_policy
-from autoscaler.simulator import Simulation, make_sim_job, run_named
-from autoscaler.simulator.moves import MoveRecorder
+from autoscaler.simulator import Simulation, make_sim_job
 from autoscaler.simulator.omniscient import MoveCosts, PlanPolicy, plan_omniscient
 from cloud_providers.base import ON_DEMAND, SPOT
 from cloud_providers.local.market import MarketTrace
+from research.moves import MoveRecorder
 from research.tracegen import MULTI_ZONE, SINGLE_ZONE, generate_trace
 
 ONLINE = ("on-demand", "greedy-spot", "uniform-progress", "spotrain", "cheapest")

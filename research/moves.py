@@ -9,10 +9,9 @@ holds is what the simulator's cloud grants: spot beyond an offering's room is re
 
 from __future__ import annotations
 
+from autoscaler.policy.base import Allocation, Policy, PolicyInput
+from autoscaler.simulator.omniscient import MoveCosts, region_of
 from cloud_providers.base import SPOT
-
-from ..policy.base import Allocation, Policy, PolicyInput
-from .omniscient import MoveCosts, region_of
 
 
 class MoveRecorder:
