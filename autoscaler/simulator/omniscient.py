@@ -149,7 +149,8 @@ def _problem(sim: Simulation, job: SimJob, cfgs: list[Cfg], start: float, end: f
     points = [start] + list(inside) + [end]
     offers = [{o.key: o for o in sim.offerings_at(t)} for t in points[:-1]]
     regions = sorted({c.region for c in cfgs})
-    return Problem(points, offers, cfgs, regions, job.work, job.restart_overhead_s, job.checkpoint_save_s, moves.usd)
+    return Problem(points, offers, cfgs, regions, job.work, job.restart_overhead_s, job.checkpoint_save_s, moves.usd,
+                   sim.grid_s)
 
 
 def _plan(start: float, sol: Solution, cfgs: list[Cfg]) -> list[tuple[float, Placement | None]]:

@@ -20,7 +20,8 @@ waiting). So the programme here
 - steps from change point to change point (``points``: the start, every change of an eligible
   offering up to the deadline, the deadline), never on a grid;
 - lets a run start or stop at any multiple of ``unit_s`` inside a stretch (the one floating boundary;
-  ``unit_s`` is the gcd of the change points' offsets and ``d``, so that boundary is on it): the min
+  ``unit_s`` is the gcd of the change points' offsets, ``d``, the work and the decision grid, so that
+  boundary is on it): the min
   over those positions is a sliding-window minimum, so this costs O(units log window) per stretch;
 - jumps a start straight to its restart completion (``s + d``, at the first point after it), which
   needs no "ticks since start" sub-states and is exact for any ``d``; spot must have room throughout;
@@ -72,6 +73,7 @@ class Problem:
     restart_s: float
     save_s: float
     egress_usd: Callable[[str, str], float]  # checkpoint region -> new region, whole checkpoint
+    grid_s: float = 0.0  # the simulator's decision grid (its multiples are moments a policy may pick)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +141,7 @@ def window_min(h: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
 _Finish = tuple[str, int, int, int, int, int]
 
 # Back-pointer kinds of a state at a point (``_Bp.kind``).
-NONE, STAY, CONT, STOP, START = 0, 1, 2, 3, 4
+NONE, STAY, CONT, STOP, START, SHORT = 0, 1, 2, 3, 4, 5
 
 
 class _Bp:
@@ -150,16 +152,47 @@ class _Bp:
         self.mode = np.zeros((n_modes, n_w), dtype=np.int16)
         self.k = np.zeros((n_modes, n_w), dtype=np.int32)
         self.j = np.zeros((n_modes, n_w), dtype=np.int32)
+        self.cfg = np.zeros((n_modes, n_w), dtype=np.int16)  # SHORT: the configuration that ran
+
+
+def _room_ok(c: Cfg, o: Offering | None) -> bool:
+    if o is None or (c.market == SPOT and o.spot_price_usd_per_hour is None):
+        return False
+    return c.market != SPOT or (o.spot_available or 0) >= c.instances
+
+
+def with_last_moments(pb: Problem, unit: float) -> Problem:
+    """``pb`` with a point ``unit`` before every change that takes a configuration's room: leaving
+    just before a preemption bills the checkpoint's save, not the notice (a discontinuity the linear
+    argument above does not cover), so that moment is a decision point of its own."""
+    pts, offers = [pb.points[0]], [pb.offers[0]]
+    for k in range(1, len(pb.points) - 1):
+        drops = any(_room_ok(c, pb.offers[k - 1].get(c.key)) and not _room_ok(c, pb.offers[k].get(c.key)) for c in pb.cfgs)
+        if drops and pb.points[k] - unit > pts[-1] + 1e-9:
+            pts.append(pb.points[k] - unit)
+            offers.append(pb.offers[k - 1])
+        pts.append(pb.points[k])
+        offers.append(pb.offers[k])
+    pts.append(pb.points[-1])
+    return dataclasses.replace(pb, points=pts, offers=offers)
+
+
+def p_last(solver: Solver, i: int, m: int) -> float:
+    """Configuration i's price per second in the stretch before point m."""
+    return float(solver.price[i, m - 1])
 
 
 class Solver:
     def __init__(self, pb: Problem) -> None:
+        self.rmax = max(c.rate for c in pb.cfgs)
+        self.work_s = pb.work / self.rmax  # seconds of running at the fastest rate
+        # The floating boundary is pinned by the work equation, so the work is one of the offsets.
+        offsets = [p - pb.points[0] for p in pb.points[1:]] + [self.work_s, pb.grid_s]
+        self.unit, self.exact = unit_seconds(offsets, pb.restart_s, self.work_s)
+        pb = with_last_moments(pb, self.unit)
         self.pb = pb
         pts = pb.points
         self.K = len(pts) - 1
-        self.rmax = max(c.rate for c in pb.cfgs)
-        self.work_s = pb.work / self.rmax  # seconds of running at the fastest rate
-        self.unit, self.exact = unit_seconds([p - pts[0] for p in pts[1:]], pb.restart_s, self.work_s)
         self.w_goal = self.work_s / self.unit
         self.n_w = max(1, math.ceil(self.w_goal - 1e-9))
         self.R = len(pb.regions)
@@ -175,7 +208,7 @@ class Solver:
                 if o is None or (c.market == SPOT and o.spot_price_usd_per_hour is None):
                     continue
                 self.price[i, k] = o.price_usd_per_hour(c.market) * c.instances / 3600.0
-                self.ok[i, k] = c.market != SPOT or (o.spot_available or 0) >= c.instances
+                self.ok[i, k] = _room_ok(c, o)
         dt = np.diff(np.array(pts))
         self.icum = np.concatenate([np.zeros((C, 1)), np.cumsum(self.price * dt[None, :], axis=1)], axis=1)
         # First stretch >= k where the configuration has no room (K if none).
@@ -239,7 +272,7 @@ class Solver:
             n_j = max(1, int(math.ceil(span / unit - 1e-9)))  # start/stop offsets j * unit inside
 
             def put(t: int, mode: int, lo: int, vals: np.ndarray, kind: int, smode: np.ndarray | int,
-                    sk: int, sj: np.ndarray | int) -> None:
+                    sk: int, sj: np.ndarray | int, cfg: int = 0) -> None:
                 """Relax V[t][mode, lo:lo+len(vals)] with back-pointers."""
                 tgt = V.setdefault(t, np.full((self.n_modes, n_w), np.inf))
                 bp = bps.setdefault(t, _Bp(self.n_modes, n_w))
@@ -253,6 +286,7 @@ class Solver:
                 bp.mode[mode, idx] = smode if isinstance(smode, int) else smode[better]
                 bp.k[mode, idx] = sk
                 bp.j[mode, idx] = sj if isinstance(sj, int) else sj[better]
+                bp.cfg[mode, idx] = cfg
 
             # Waiting costs nothing.
             for r in range(1 + self.R):
@@ -339,6 +373,22 @@ class Solver:
                 sm = np.zeros_like(vals, dtype=np.int64)
                 sm[uu - lo] = smode[np.clip(xs[land_ok], 0, n_w - 1)]
                 put(m, m_cfg, lo, vals, START, sm, k, jj)
+            if ja == 0 and self.floating[i] and g0 > 1:
+                # Started on the point, stopped inside the stretch it became steady in: at
+                # pts[k] + d + g * unit (1 <= g < g0), then waiting at pts[m] with g units more.
+                usd = self.price[i, m - 1] * pb.save_s  # the gang checkpoints before it goes
+                c0 = float(self.icum[i, m - 1] - self.icum[i, k]) + self.price[i, m - 1] * (pts[k] + d - pts[m - 1])
+                hh = np.concatenate([np.full(g0 - 1, np.inf), src - p_last(self, i, m) * unit * np.arange(n_w)])
+                sv, sa = window_min(hh, g0 - 1)
+                xs2 = np.arange(n_w)
+                vals2 = sv[xs2] + p_last(self, i, m) * unit * xs2 + c0 + usd
+                w_src = sa[xs2] - (g0 - 1)
+                ok2 = np.isfinite(vals2)
+                if ok2.any():
+                    vals2 = np.where(ok2, vals2, np.inf)
+                    gsel = np.where(ok2, xs2 - w_src, 0)
+                    sm2 = smode[np.clip(w_src, 0, n_w - 1)]
+                    put(m, 1 + self.region_of[i], 0, vals2, SHORT, sm2, k, gsel, cfg=i)
             # Finish before pts[m]: billed until the finish, in the last stretch (m - 1).
             fin_ok = (u >= self.w_goal - 1e-9) & np.isfinite(S)
             if fin_ok.any():
@@ -391,6 +441,14 @@ class Solver:
                 ci = smd - 1 - self.R
                 running = (ci, pts[sk] + sj * unit)
                 w -= sj
+                pt, layer, mode = sk, "U", smd
+            elif kd == SHORT:
+                ci = int(bp.cfg[mode, w])
+                s0 = pts[sk]
+                runs.append(Run(ci, s0, s0 + self.pb.restart_s + sj * unit))
+                running = None
+                w -= sj
+                egress += float(self.egress[smd, ci])
                 pt, layer, mode = sk, "U", smd
             elif kd == START:
                 ci = mode - 1 - self.R

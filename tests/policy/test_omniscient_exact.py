@@ -105,3 +105,27 @@ def test_omniscient_finishes_exactly_at_the_deadline_when_it_pays() -> None:
     (t0, od), (t1, spot) = [(t, p) for t, p in plan.switches if p is not None]
     assert od is not None and od.market == ON_DEMAND and spot is not None and spot.market == SPOT
     assert t1 == 10000 and t0 == pytest.approx(10000 - 3400 - 600)
+
+
+def test_omniscient_leaves_a_dear_zone_in_the_stretch_it_started_in() -> None:
+    """Spot at $1.00 in zone a until 7,200 s, at $0.50 in zone b from 9,100 s (off the grid): the
+    optimum runs a only for the work b cannot do by the deadline and stops it at 3,100 s, inside the
+    stretch its restart ended in (a boundary the work pins, before any change of the market)."""
+    rows = [(0, "us-east-1a", 1.0, 1), (0, "us-east-1b", 0.5, 0), (7200, "us-east-1a", 1.0, 0),
+            (9100, "us-east-1b", 0.5, 1)]
+    trace = MarketTrace.parse(HEADER + "".join(f"{t},aws,us-east-1,{z},p3.2xlarge,V100,1,{p},3.06,{a}\n"
+                                               for t, z, p, a in rows), source="dear-then-cheap")
+    spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws"]}, objective={"deadline": "5h"},
+                     simulate={"work_gpu_hours": 3})
+    sim = Simulation(trace, spec)
+    job = make_sim_job(spec, restart_overhead_s=600)
+    plan = plan_omniscient(sim, job, 0.0)
+    r = sim.run(job, PlanPolicy(plan), 0.0)
+    assert r.deadline_met and r.finish_hours == pytest.approx(5.0)
+    # b: 9,100 s -> 18,000 s (8,300 s of work after its restart); a: the other 2,500 s, 0 -> 3,100 s,
+    # and its 30-s checkpoint before release. The grid planner could do neither boundary.
+    assert r.cost_usd == pytest.approx(plan.cost_usd) == pytest.approx((3100 + 30) * 1.0 / 3600 + 8900 * 0.5 / 3600)
+    assert [t for t, _ in plan.switches] == [0.0, 3100.0, 9100.0]
+    for p in ONLINE:
+        other = sim.run(job, get_policy(p), 0.0)
+        assert not other.deadline_met or other.cost_usd >= r.cost_usd - 1e-9, p
