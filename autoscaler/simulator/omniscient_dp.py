@@ -18,11 +18,13 @@ demand started exactly late enough to finish on the spot that returns later; or 
 waiting). So the programme here
 
 - steps from change point to change point (``points``: the start, every change of an eligible
-  offering up to the deadline, the deadline), never on a grid;
-- lets a run start or stop at any multiple of ``unit_s`` inside a stretch (the one floating boundary;
-  ``unit_s`` is the gcd of the change points' offsets, ``d``, the work and the decision grid, so that
-  boundary is on it): the min
-  over those positions is a sliding-window minimum, so this costs O(units log window) per stretch;
+  offering up to the deadline, the deadline), never on a grid, plus one point ``unit_s`` before every
+  change that takes a configuration's room: leaving just before a preemption bills the checkpoint's
+  save, not the notice, a discontinuity the linear argument does not cover;
+- lets a run start or stop at any multiple of ``unit_s`` inside a stretch, including the stretch its
+  restart ends in (the floating boundary; ``unit_s`` is the gcd of the change points' offsets, ``d``,
+  the work and the decision grid, so that boundary is on it): the min over those positions is a
+  sliding-window minimum, O(units log window) per stretch;
 - jumps a start straight to its restart completion (``s + d``, at the first point after it), which
   needs no "ticks since start" sub-states and is exact for any ``d``; spot must have room throughout;
 - finishes pro rata inside any stretch, and bills what the simulator bills on a change: the notice of
