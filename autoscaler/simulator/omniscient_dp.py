@@ -218,6 +218,8 @@ class Solver:
         for i in range(C):
             for k in range(self.K - 1, -1, -1):
                 self.next_fail[i, k] = k if not self.ok[i, k] else self.next_fail[i, k + 1]
+        self._V: dict[int, np.ndarray] = {}  # costs per point still to be reached
+        self._bps: dict[int, _Bp] = {}
         self.region_of = [pb.regions.index(c.region) for c in pb.cfgs]
         self.egress = np.zeros((1 + self.R, C))  # from idle mode (fresh, region r) to configuration
         for r in range(self.R):
@@ -243,57 +245,59 @@ class Solver:
             return per * (c.instances - room) * o.notice_seconds / 3600.0, True
         return per * c.instances * self.pb.save_s / 3600.0, False
 
+    def _decide(self, k: int, cur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Decisions at points[k]: a gang whose room is gone is preempted; any gang may stop. The
+        states after them, and per waiting state the configuration that stopped (-1: none)."""
+        U = cur.copy()
+        ubp = np.full((self.R, self.n_w), -1, dtype=np.int16)
+        for i in range(len(self.pb.cfgs)):
+            m = self.cmode(i)
+            usd, forced = self._exit_usd(i, k)
+            cand = cur[m] + usd
+            dst = 1 + self.region_of[i]
+            better = cand < U[dst]
+            U[dst][better] = cand[better]
+            ubp[self.region_of[i]][better] = i
+            if forced or not self.ok[i, k]:
+                U[m] = np.inf
+        return U, ubp
+
+    def _put(self, t: int, mode: int, lo: int, vals: np.ndarray, kind: int, smode: np.ndarray | int,
+             sk: int, sj: np.ndarray | int, cfg: int = 0) -> None:
+        """Relax V[t][mode, lo:lo+len(vals)] with back-pointers."""
+        tgt = self._V.setdefault(t, np.full((self.n_modes, self.n_w), np.inf))
+        bp = self._bps.setdefault(t, _Bp(self.n_modes, self.n_w))
+        seg = tgt[mode, lo: lo + len(vals)]
+        better = vals < seg - 1e-12
+        if not better.any():
+            return
+        idx = np.nonzero(better)[0] + lo
+        tgt[mode, idx] = vals[better]
+        bp.kind[mode, idx] = kind
+        bp.mode[mode, idx] = smode if isinstance(smode, int) else smode[better]
+        bp.k[mode, idx] = sk
+        bp.j[mode, idx] = sj if isinstance(sj, int) else sj[better]
+        bp.cfg[mode, idx] = cfg
+
     def solve(self) -> Solution | None:
         pb, K, n_w, unit = self.pb, self.K, self.n_w, self.unit
         pts = pb.points
-        C = len(pb.cfgs)
-        V: dict[int, np.ndarray] = {0: np.full((self.n_modes, n_w), np.inf)}
-        V[0][0, 0] = 0.0
-        bps: dict[int, _Bp] = {0: _Bp(self.n_modes, n_w)}
+        self._V = {0: np.full((self.n_modes, n_w), np.inf)}
+        self._V[0][0, 0] = 0.0
+        self._bps = {0: _Bp(self.n_modes, n_w)}
         ubps: list[np.ndarray] = []
         best_usd: float = math.inf
         best: _Finish | None = None
         ws = np.arange(n_w)
+        put = self._put
         for k in range(K):
-            cur = V.pop(k)
-            # Decisions at points[k]: a gang whose room is gone is preempted; any gang may stop.
-            U = cur.copy()
-            ubp = np.full((self.R, n_w), -1, dtype=np.int16)
-            for i in range(C):
-                m = self.cmode(i)
-                usd, forced = self._exit_usd(i, k)
-                cand = cur[m] + usd
-                dst = 1 + self.region_of[i]
-                better = cand < U[dst]
-                U[dst][better] = cand[better]
-                ubp[self.region_of[i]][better] = i
-                if forced or not self.ok[i, k]:
-                    U[m] = np.inf
+            U, ubp = self._decide(k, self._V.pop(k))
             ubps.append(ubp)
             span = pts[k + 1] - pts[k]
             n_j = max(1, int(math.ceil(span / unit - 1e-9)))  # start/stop offsets j * unit inside
-
-            def put(t: int, mode: int, lo: int, vals: np.ndarray, kind: int, smode: np.ndarray | int,
-                    sk: int, sj: np.ndarray | int, cfg: int = 0) -> None:
-                """Relax V[t][mode, lo:lo+len(vals)] with back-pointers."""
-                tgt = V.setdefault(t, np.full((self.n_modes, n_w), np.inf))
-                bp = bps.setdefault(t, _Bp(self.n_modes, n_w))
-                seg = tgt[mode, lo: lo + len(vals)]
-                better = vals < seg - 1e-12
-                if not better.any():
-                    return
-                idx = np.nonzero(better)[0] + lo
-                tgt[mode, idx] = vals[better]
-                bp.kind[mode, idx] = kind
-                bp.mode[mode, idx] = smode if isinstance(smode, int) else smode[better]
-                bp.k[mode, idx] = sk
-                bp.j[mode, idx] = sj if isinstance(sj, int) else sj[better]
-                bp.cfg[mode, idx] = cfg
-
-            # Waiting costs nothing.
-            for r in range(1 + self.R):
+            for r in range(1 + self.R):  # waiting costs nothing
                 put(k + 1, r, 0, U[r], STAY, r, k, 0)
-            for i in range(C):
+            for i in range(len(pb.cfgs)):
                 if not self.ok[i, k]:
                     continue
                 m = self.cmode(i)
@@ -315,14 +319,12 @@ class Solver:
                         h = src - p * unit * ws
                         wv, wa = window_min(np.concatenate([np.full(n_j - 1, np.inf), h]), n_j - 1)
                         # Destination x takes y in [x - n_j + 1, x - 1]: window start (padded) x.
-                        xs = np.arange(n_w)
-                        vals = wv[xs] + p * unit * xs + usd
-                        ys = wa[xs] - (n_j - 1)
-                        put(k + 1, 1 + self.region_of[i], 0, vals, STOP, m, k, xs - ys)
+                        vals = wv[:n_w] + p * unit * ws + usd
+                        put(k + 1, 1 + self.region_of[i], 0, vals, STOP, m, k, ws - (wa[:n_w] - (n_j - 1)))
                 best_usd, best = self._starts(k, i, U, put, best_usd, best, n_j)
         if best is None:
             return None
-        runs, egress = self._backtrack(best, bps, ubps)
+        runs, egress = self._backtrack(best, self._bps, ubps)
         return Solution(best_usd, runs, egress, unit, self.exact)
 
     def _starts(self, k: int, i: int, U: np.ndarray, put: Callable[..., None], best_usd: float,
