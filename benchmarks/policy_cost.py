@@ -40,7 +40,8 @@ from autoscaler.errors import SpecError  # noqa: E402
 from autoscaler.jobs.spec import JobSpec, spec_from_dict  # noqa: E402
 from autoscaler.policy import get_policy  # noqa: E402
 from autoscaler.simulator import SimResult, Simulation, make_sim_job, run_named  # noqa: E402
-from autoscaler.simulator.omniscient import MoveCosts, PlanPolicy, plan_omniscient  # noqa: E402
+from autoscaler.simulator.omniscient import MoveCosts, PlanPolicy, plan_omniscient, region_of  # noqa: E402
+from cloud_providers import catalog  # noqa: E402
 from cloud_providers.local.market import MarketTrace  # noqa: E402
 from research.moves import MoveRecorder  # noqa: E402
 from research.tracegen import (  # noqa: E402
@@ -97,15 +98,27 @@ def _oracle_honoured() -> bool:
     return "oracle" in inspect.signature(Simulation).parameters or ORACLE["requested"]
 
 
-def _billed(r: SimResult, rec: MoveRecorder) -> tuple[float, float]:
-    """THE ONE PLACE a run's egress comes from: (cost with egress, egress). The simulator does not
-    bill egress in this build, so it is the benchmark's own count (``MoveRecorder``: region moves x
-    checkpoint GB x $/GB). Once the simulator bills it (issue 23 item 1, branch wt-p23-moves), its
-    ``egress_usd`` is used and its ``cost_usd`` is taken to include it."""
+def _billed(r: SimResult, rec: MoveRecorder) -> tuple[float, float, int]:
+    """THE ONE PLACE a run's egress comes from: (cost with egress, egress, region moves). Where the
+    simulator bills egress (issue 23 item 1, branch wt-p23-moves: ``SimResult.egress_usd`` inside
+    ``cost_usd``, ``region_moves``) its figures are used; otherwise the benchmark's own count
+    (``MoveRecorder``: region moves x checkpoint GB x $/GB) is added to the bill."""
     sim_egress = getattr(r, "egress_usd", None)
     if sim_egress is not None:
-        return r.cost_usd, float(sim_egress)
-    return r.cost_usd + rec.egress_usd, rec.egress_usd
+        return r.cost_usd, float(sim_egress), int(getattr(r, "region_moves", rec.moves))
+    return r.cost_usd + rec.egress_usd, rec.egress_usd, rec.moves
+
+
+def _move_costs(sim: Simulation, size_gb: float) -> MoveCosts:
+    """What omniscient is told a move costs: the catalog's egress price per region pair where the
+    catalog has one (issue 23 item 1, branch wt-p23-moves: the price the simulator then bills, e.g.
+    $0.01/GB between us-east-1 and us-east-2), else a flat ``EGRESS_USD_PER_GB``."""
+    per_gb = getattr(catalog, "egress_usd_per_gb", None)
+    if per_gb is None:
+        return MoveCosts(size_gb, EGRESS_USD_PER_GB)
+    regions = sorted({region_of(o) for o in sim.offerings_at(0.0)})
+    table = {(a, b): float(per_gb(*a.split("/"), *b.split("/"))) for a in regions for b in regions if a != b}
+    return MoveCosts(size_gb, EGRESS_USD_PER_GB, table)
 
 
 def _egress_source() -> str:
@@ -169,14 +182,14 @@ def _region_task(args: tuple[str, float, float, str, list[float]]) -> tuple[str,
         _SIMS[key] = _simulation(generate_trace(m["zones"], hours=TRACE_DAYS * 24, seed=m["seed"], grid_s=REGION_STEP_S), spec)
     sim = _SIMS[key]
     job = make_sim_job(spec, restart_overhead_s=REGION_RESTART_MIN * 60.0)
-    costs = MoveCosts(checkpoint_size_gb=size_gb, egress_usd_per_gb=EGRESS_USD_PER_GB)
+    costs = _move_costs(sim, size_gb)
     out = []
     for s in starts:
         inner = PlanPolicy(plan_omniscient(sim, job, s, moves=costs)) if policy == "omniscient" else get_policy(policy)
         rec = MoveRecorder(inner, costs)
         r = sim.run(job, rec, s)
-        cost, egress = _billed(r, rec)
-        out.append({"cost_usd": cost, "egress_usd": egress, "moves": rec.moves, "met": r.deadline_met,
+        cost, egress, moves = _billed(r, rec)
+        out.append({"cost_usd": cost, "egress_usd": egress, "moves": moves, "met": r.deadline_met,
                     "sees_size": sees_size})
     return market, ratio, size_gb, policy, out
 
