@@ -9,7 +9,8 @@ cost / on-demand cost and deadline misses.
 Multi-region cells (``multi_region``, issue 23): three markets of several regions with several zones
 each (``tracegen.MULTI_REGION``, ``VOLATILE_STABLE``, ``FLAPPING_4``; 10-minute steps), an 8 x H100
 job of 24 h on demand with 12-minute restarts, deadline ratios (deadline / work on demand) 1.05-3, checkpoints of 0,
-50, 500 and 4,000 GB and egress of $0.02/GB on every change of region. Per cell: each policy's cost
+50, 500 and 4,000 GB and egress on every change of region (the catalog's price per region pair where
+it has one, else $0.02/GB). Per cell: each policy's cost
 (egress included) in % above omniscient's on the same starts (ratio of the means; 100 starts,
 ``--quick``: 4), deadline misses, region moves and egress per job. Omniscient plans with the egress
 (``MoveCosts``), so it stays the lower bound.
