@@ -40,10 +40,14 @@ class ZoneSpec:
     mean_up_h: float | None = None
     mean_down_h: float | None = None
     max_capacity: int = 1
+    # Spot price as a fraction of on demand (None: drawn per zone from 0.28-0.38).
+    spot_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_capacity < 1:
             raise ValueError("max_capacity must be >= 1")
+        if self.spot_fraction is not None and not 0 < self.spot_fraction <= 1:
+            raise ValueError("spot_fraction must be in (0, 1]")
 
 
 def _lomax(rng: np.random.Generator, mean: float, shape: float) -> float:
@@ -62,7 +66,9 @@ def generate_rows(zones: Sequence[ZoneSpec], *, hours: float, seed: int, grid_s:
         od = it.on_demand_price_usd_per_hour
         up_h = z.mean_up_h if z.mean_up_h is not None else float(rng.uniform(2.0, 8.0))
         down_h = z.mean_down_h if z.mean_down_h is not None else float(rng.uniform(0.5, 4.0))
-        discount = float(rng.uniform(0.28, 0.38))
+        discount = float(rng.uniform(0.28, 0.38))  # drawn always: a fixed fraction keeps the other draws
+        if z.spot_fraction is not None:
+            discount = z.spot_fraction
         t = 0.0
         available = bool(rng.random() < up_h / (up_h + down_h))
         while t < end_s:
@@ -97,3 +103,23 @@ MULTI_ZONE = (
 MULTI_NODE = (ZoneSpec("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 4.0, 1.5, max_capacity=6),)
 # The same market for 16-instance gangs: room for 1.5x the gang at most, as MULTI_NODE has for 4.
 MULTI_NODE_16 = (ZoneSpec("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "V100", 4.0, 1.5, max_capacity=24),)
+
+
+# Multi-region markets (issue 23: several regions with several zones each, where a move between
+# regions bills the checkpoint's egress), for 8 x H100 gangs (p5.48xlarge, $98.32/h on demand) with
+# 10-minute steps like GCP's H100 availability data. MULTI_REGION: three regions, three zones each,
+# zones drawn as above.
+MULTI_REGION = tuple(
+    ZoneSpec("aws", region, f"{region}{z}", "p5.48xlarge", "H100", max_capacity=2)
+    for region in ("us-east-1", "us-east-2", "us-west-2") for z in ("a", "b", "c"))
+# Volatile cheap zones and one stable dear zone per region (the expensive safe zone a policy can
+# freeze on while cheaper zones come back): volatile runs of ~1 h at 25-27 % of on demand, the stable
+# zone up for ~2 days at a time at 70 % ($69/h, like the never-preempted zone in issue 23).
+VOLATILE_STABLE = tuple(
+    ZoneSpec("aws", region, f"{region}{z}", "p5.48xlarge", "H100", up, down, max_capacity=2, spot_fraction=frac)
+    for region in ("us-east-1", "us-west-2")
+    for z, up, down, frac in (("a", 1.0, 1.0, 0.25), ("b", 1.0, 1.5, 0.27), ("c", 48.0, 0.5, 0.7)))
+# A small flapping set: four zones in two regions, short runs (the set a policy can thrash on).
+FLAPPING_4 = tuple(
+    ZoneSpec("aws", region, f"{region}{z}", "p5.48xlarge", "H100", 0.75, 0.5, max_capacity=2)
+    for region in ("us-east-1", "us-west-2") for z in ("a", "b"))
