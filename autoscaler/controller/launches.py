@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from autoscaler.fleet import accounting
 from autoscaler.jobs.domain import JobState
 from cloud_providers.base import (
+    SPOT,
     TAG_CONTROLLER,
     TAG_DECISION,
     TAG_JOB,
@@ -59,9 +60,13 @@ def launch(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], b
             decision.status = "failed"
             decision.reason = f"{type(exc).__name__}: {exc}"
             ctx.capacity_failures.setdefault(job.job_id, {})[f"{key}|{market}"] = ctx.provider.now_s()
+            if market == SPOT and isinstance(exc, CapacityUnavailable):
+                ctx.rooms.saw(key, ctx.provider.now_s(), False)  # an observation, not a preemption
             ctx.note(s, job, "capacity", f"{key} ({market}): {exc}")
             s.commit()
             continue
+        if market == SPOT:
+            ctx.rooms.saw(key, ctx.provider.now_s(), True)
         maybe_crash_after_launch()
         record_instance(s, job, inst, offering_key=key, market=market, decision_id=decision.decision_id)
         decision.status = "launched"

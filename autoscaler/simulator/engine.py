@@ -14,6 +14,11 @@ applies the returned allocation the way the controller and the cloud would:
   of billed time without progress (the job's measured checkpoint + restart time).
 - Billing is per second at the price of the moment; progress is the job's scaling model times the
   accelerator's speed (``cost_models.scaling``).
+- The policy sees what a real cloud shows (``oracle=False``, the default): prices, and spot room only
+  as its launches, capacity refusals and preemptions revealed it (``fleet.market_watch.RoomWatcher``,
+  the controller's own bookkeeping); a refused launch wakes it a decision interval later, as the
+  controller's next tick. ``oracle=True`` shows it the trace's room and the market history watched
+  since the trace began (research: no real cloud reports either).
 - The hard budget is the controller's own (``controller/budget.py``): the guard first at every event
   (spend plus the burn rate until its next check, at the controller's horizon for a ``grid_s`` tick),
   a wake-up when it would stop the job, and the launch check before instances are added. The policy
@@ -26,10 +31,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from typing import Any
 
 from autoscaler.fleet.accounting import holdings_burn_rate_usd_per_hour
+from autoscaler.fleet.market_watch import RoomWatcher
 from autoscaler.jobs.spec import JobSpec
 from cloud_providers.base import SPOT, Offering
 from cloud_providers.local.market import MarketTrace
@@ -98,13 +105,14 @@ class SimResult:
 class Simulation:
     """Holds the per-trace precomputation (market watch, change points) for many runs."""
 
-    def __init__(self, trace: MarketTrace, spec: JobSpec, *, grid_s: float = GRID_S) -> None:
+    def __init__(self, trace: MarketTrace, spec: JobSpec, *, grid_s: float = GRID_S, oracle: bool = False) -> None:
+        """``oracle``: the policy sees the trace's spot room (research; no real cloud reports it)."""
         if grid_s <= 0:
             raise ValueError("grid_s must be positive")
         self.trace = trace
         self.grid_s = grid_s
+        self.oracle = oracle
         self.keys = [o.key for o in eligible_offerings(spec, trace.offerings_at(0.0))]
-        self.watch = MarketWatch(trace, self.keys)
         times: set[float] = set()
         for k in self.keys:
             prev: Offering | None = None
@@ -114,6 +122,11 @@ class Simulation:
                     times.add(t)
                 prev = o
         self.change_times = sorted(times)
+
+    @functools.cached_property
+    def watch(self) -> MarketWatch:
+        """What watching the trace's room showed (the oracle's market history)."""
+        return MarketWatch(self.trace, self.keys)
 
     def offerings_at(self, t: float) -> list[Offering]:
         return [self.trace.offering_at(k, t) for k in self.keys]
@@ -129,8 +142,9 @@ class Simulation:
         return _run(self, job, policy, self.align(start_s), max_s)
 
 
-def simulate(trace: MarketTrace, job: SimJob, policy: Policy, start_s: float = 0.0, *, grid_s: float = GRID_S) -> SimResult:
-    return Simulation(trace, job.spec, grid_s=grid_s).run(job, policy, start_s)
+def simulate(trace: MarketTrace, job: SimJob, policy: Policy, start_s: float = 0.0, *, grid_s: float = GRID_S,
+             oracle: bool = False) -> SimResult:
+    return Simulation(trace, job.spec, grid_s=grid_s, oracle=oracle).run(job, policy, start_s)
 
 
 @dataclasses.dataclass
@@ -167,6 +181,8 @@ class _Run:
     # checkpointing before release): (offering key, market, count, until). Billed up front; the
     # budget guard counts them in the burn rate while they last, as the controller's rows do.
     leaving: list[tuple[str, str, int, float]] = dataclasses.field(default_factory=list)
+    # Spot room as the run's launches, refusals and preemptions showed it (without the oracle).
+    rooms: RoomWatcher = dataclasses.field(default_factory=RoomWatcher)
 
 
 def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
@@ -182,6 +198,7 @@ def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
         if n > room:
             r.preemptions += n - room
             r.preempted[k] = r.preempted.get(k, 0) + n - room
+            r.rooms.saw(k, r.t, False)
             broken = True
             r.events += [r.t + job.checkpoint_save_s, r.t + offers[k].notice_seconds]
             r.stopping_until = r.t + job.checkpoint_save_s
@@ -249,13 +266,23 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
         # Holding nothing, or just broken: a change of allocation costs no extra restart.
         restarting=broken or not r.holdings or r.t <= r.stopping_until + 1e-9,
     )
-    history = sim.watch.history_at(r.t)
+    if sim.oracle:
+        history = sim.watch.history_at(r.t)
+        shown = tuple(offers.values())
+    else:
+        # What a real cloud shows: prices, and room only as the run's own launches revealed it.
+        history = {}
+        held_spot = {k: n for (k, m), n in r.holdings.items() if m == SPOT and n > 0}
+        for k in held_spot:
+            r.rooms.holding(k, r.t)
+        shown = tuple(r.rooms.believed((o if o.spot_available is None else dataclasses.replace(o, spot_available=None)
+                                        for o in offers.values()), held_spot, r.t))
     for k in set(r.spot_held_s) | set(r.preempted):
         base = MarketHistory(k, r.spot_held_s.get(k, 0.0), r.preempted.get(k, 0))
         w = history.get(k)
         history[k] = base if w is None else dataclasses.replace(w, spot_seconds_held=base.spot_seconds_held,
                                                                 preemptions=base.preemptions)
-    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=tuple(offers.values()), history=history,
+    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=shown, history=history,
                       decision_interval_s=sim.grid_s)
     return policy.decide(inp)[0]
 
@@ -280,7 +307,10 @@ def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tup
             room = (offers[p.offering_key].spot_available or 0)
             if n > room:
                 r.failures[p.offering_key + "|" + SPOT] = r.t
+                r.rooms.saw(p.offering_key, r.t, False)  # a refused launch: an observation, not a preemption
                 n = room
+            elif n > r.holdings.get((p.offering_key, SPOT), 0):
+                r.rooms.saw(p.offering_key, r.t, True)
         if n > 0:
             target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
     return target
@@ -409,6 +439,11 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         wake = r.t + MAX_DECISION_GAP_S
         if alloc.next_decision_s is not None:
             wake = min(wake, max(alloc.next_decision_s, math.nextafter(r.t, math.inf)))
+        if not sim.oracle:
+            if any(t >= r.t for t in r.failures.values()):
+                wake = min(wake, r.t + sim.grid_s)  # refused: the controller's next tick decides again
+            if (retry := r.rooms.next_try_s(r.t)) is not None:
+                wake = min(wake, retry)  # an offering believed full is worth trying again
         if broken and r.holdings:
             r.overhead_left = job.restart_overhead_s
             r.run_since_ckpt = 0.0
