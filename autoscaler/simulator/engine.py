@@ -296,9 +296,10 @@ def _reported_progress(done: float, work: float) -> float:
     return progress
 
 
-def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tuple[str, str], int]:
-    """What the allocation holds once the cloud has refused spot beyond its room."""
+def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> tuple[dict[tuple[str, str], int], bool]:
+    """What the allocation holds once the cloud has refused spot beyond its room, and whether it refused."""
     target: dict[tuple[str, str], int] = {}
+    refused = False
     for p in alloc.placements:
         if p.instances <= 0 or p.offering_key not in offers:
             continue
@@ -309,11 +310,12 @@ def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tup
                 r.failures[p.offering_key + "|" + SPOT] = r.t
                 r.rooms.saw(p.offering_key, r.t, False)  # a refused launch: an observation, not a preemption
                 n = room
+                refused = True
             elif n > r.holdings.get((p.offering_key, SPOT), 0):
                 r.rooms.saw(p.offering_key, r.t, True)
         if n > 0:
             target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
-    return target
+    return target, refused
 
 
 def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering], wake: float, end: float) -> bool:
@@ -410,7 +412,11 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         if alloc.outcome is not None:
             r.state, r.reason = alloc.outcome.state.value, alloc.reason
             break
-        target = _target(alloc, r, offers)
+        target, refused = _target(alloc, r, offers)
+        if refused and not sim.oracle and not broken and r.holdings and r.t > r.stopping_until + 1e-9:
+            # The controller launches a running gang's move first where the cloud reports no room: a
+            # refusal leaves the gang running and what did launch goes back at once.
+            target = r.holdings
         if target != r.holdings and (why := budget.launch(r, target, offers)) is not None:
             # The controller's launch check: a running gang that was only to grow keeps running as it
             # is; anything else ends the job.
