@@ -306,13 +306,14 @@ def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> tuple[di
         n = p.instances
         if p.market == SPOT:
             room = (offers[p.offering_key].spot_available or 0)
+            held = r.holdings.get((p.offering_key, SPOT), 0)
+            if n > held and room > held:
+                r.rooms.saw(p.offering_key, r.t, True)  # launches succeeded (the first ones, at least)
             if n > room:
                 r.failures[p.offering_key + "|" + SPOT] = r.t
                 r.rooms.saw(p.offering_key, r.t, False)  # a refused launch: an observation, not a preemption
                 n = room
                 refused = True
-            elif n > r.holdings.get((p.offering_key, SPOT), 0):
-                r.rooms.saw(p.offering_key, r.t, True)
         if n > 0:
             target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
     return target, refused
@@ -322,6 +323,10 @@ def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering],
     """Bill and progress to the next event; True when the run has ended."""
     h = r.holdings
     rate = gang_rate(job.scaling, [(offers[k], n) for (k, _), n in h.items()])
+    if sum(offers[k].gpus * n for (k, _), n in h.items()) < job.spec.workers.min:
+        # Fewer GPUs than the job needs (a gang the cloud refused in part): the controller starts no
+        # gang on them (``allocate._gang_allowed``); they bill until the next decision lets them go.
+        rate = 0.0
     price_s = sum(offers[k].price_usd_per_hour(m) * n for (k, m), n in h.items()) / 3600.0
     od_price_s = sum(offers[k].on_demand_price_usd_per_hour * n for (k, m), n in h.items()) / 3600.0
     spot_n = sum(n for (k, m), n in h.items() if m == SPOT)
