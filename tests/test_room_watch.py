@@ -10,6 +10,7 @@ the oracle on, the policy sees the trace's room as before.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -99,7 +100,7 @@ def test_spells_without_room_are_measured_from_the_first_refusal_to_the_next_suc
 
 def test_watcher_shows_believed_full_offerings_with_only_what_is_held() -> None:
     offers = TWO_ZONES.offerings_at(0.0)
-    unknown = [o.__class__(**{**o.__dict__, "spot_available": None}) for o in offers]
+    unknown = [dataclasses.replace(o, spot_available=None) for o in offers]
     w = RoomWatcher()
     assert {o.key: o.spot_available for o in w.believed(unknown, {}, 0.0)} == {A: None, B: None}
     w.saw(A, 0.0, False)
