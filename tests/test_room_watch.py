@@ -220,3 +220,21 @@ def test_job_meets_its_deadline_on_a_multi_zone_trace_without_the_oracle(start_h
     assert r.state == "SUCCEEDED" and r.deadline_met, r
     fast = sim.run(job, get_policy("spotrain"), start_h * 3600)
     assert fast.deadline_met and fast.cost_usd == pytest.approx(r.cost_usd, rel=0.005)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_spotrain_tries_spot_whose_room_is_unknown(workers: int) -> None:
+    """A real cloud reports no room: the spotrain policy must still propose a spot gang there (the
+    launch is the probe; its homogeneous spot candidates used to read unknown room as none)."""
+    from autoscaler.policy import JobView
+
+    spec = spec_from_dict({
+        "name": "u", "run": "x", "resources": {"accelerators": ["V100:1"], "clouds": ["aws"]},
+        "workers": {"min": workers, "max": workers}, "training": {"logical_workers": 4, "global_batch_size": 256},
+        "objective": {"deadline": "48h"}, "simulate": {"work_gpu_hours": 4.0 * workers},
+    })
+    offers = [dataclasses.replace(o, spot_available=None) for o in TWO_ZONES.offerings_at(0.0)]
+    view = JobView(job_id="u", spec=spec, submitted_s=0.0, progress=0.0)
+    alloc = get_policy("spotrain").decide(PolicyInput(now_s=0.0, jobs=(view,), offerings=offers))[0]
+    assert alloc.placements and all(p.market == SPOT for p in alloc.placements), alloc
+    assert sum(p.instances for p in alloc.placements) == workers
