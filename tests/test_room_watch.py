@@ -238,3 +238,22 @@ def test_spotrain_tries_spot_whose_room_is_unknown(workers: int) -> None:
     alloc = get_policy("spotrain").decide(PolicyInput(now_s=0.0, jobs=(view,), offerings=offers))[0]
     assert alloc.placements and all(p.market == SPOT for p in alloc.placements), alloc
     assert sum(p.instances for p in alloc.placements) == workers
+
+
+def test_spotrain_considers_a_much_cheaper_zone_whose_room_is_unknown() -> None:
+    """Holding spot in one zone, the policy may move to a much cheaper one a real cloud says nothing
+    about (fails on main: unknown room was read as none there, so only held zones were candidates)."""
+    from autoscaler.policy import Held, JobView
+
+    trace = MarketTrace.parse(",".join(HEADER) + "\n"
+                              "0,aws,us-east-1,us-east-1b,p3.2xlarge,V100,1,0.9145,3.06,1\n"
+                              "0,gcp,us-central1,us-central1-a,n1-standard-8,V100,1,0.30,2.48,1\n", source="cheap")
+    spec = spec_from_dict({
+        "name": "u", "run": "x", "resources": {"accelerators": ["V100:1"], "clouds": ["aws", "gcp"]},
+        "objective": {"deadline": "24h"}, "simulate": {"work_gpu_hours": 14.4},
+    })
+    offers = [dataclasses.replace(o, spot_available=None) for o in trace.offerings_at(0.0)]
+    view = JobView(job_id="u", spec=spec, submitted_s=0.0, progress=0.1, restart_overhead_s=60.0,
+                   held=(Held(B, SPOT, 1),))
+    alloc = get_policy("spotrain").decide(PolicyInput(now_s=3600.0, jobs=(view,), offerings=offers))[0]
+    assert [(p.offering_key.split("/")[0], p.market) for p in alloc.placements] == [("gcp", SPOT)], alloc
