@@ -16,8 +16,8 @@ it has one, else $0.02/GB). Per cell: each policy's cost
 (``MoveCosts``), so it stays the lower bound.
 
 ``--no-oracle`` (default) is the policy's view from what a real cloud reports; ``--oracle`` the
-research view with full availability knowledge (``_simulation`` wires it; the output says whether
-this build's simulator honours it). Last line: one JSON object with every figure.
+research view with full availability knowledge (``_simulation`` wires it; the JSON says which view
+ran). Last line: one JSON object with every figure.
 
     python benchmarks/policy_cost.py [--quick] [--starts N] [--procs P] [--oracle] [--section S]
 """
@@ -25,7 +25,6 @@ this build's simulator honours it). Last line: one JSON object with every figure
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import multiprocessing as mp
 import sys
@@ -87,16 +86,10 @@ ORACLE = {"requested": False}  # set in main(); forked workers inherit it
 
 
 def _simulation(trace: MarketTrace, spec: JobSpec) -> Simulation:
-    """THE ONE PLACE the --oracle / --no-oracle switch plugs into the simulator (issue 23 item 2,
-    branch wt-p23-info adds ``Simulation(..., oracle=...)``). Until the simulator takes the switch
-    the policy always sees full availability, and the output says so (``oracle_view_honoured``)."""
-    if "oracle" in inspect.signature(Simulation).parameters:
-        return Simulation(trace, spec, oracle=ORACLE["requested"])  # type: ignore[call-arg,unused-ignore]
-    return Simulation(trace, spec)
+    """The one place the --oracle / --no-oracle switch reaches the simulator: without the oracle the
+    policy sees spot room only as its launches, refusals and preemptions revealed it."""
+    return Simulation(trace, spec, oracle=ORACLE["requested"])
 
-
-def _oracle_honoured() -> bool:
-    return "oracle" in inspect.signature(Simulation).parameters or ORACLE["requested"]
 
 
 def _billed(r: SimResult, rec: MoveRecorder) -> tuple[float, float, int]:
@@ -257,9 +250,7 @@ def main() -> None:
     n = args.starts or (12 if args.quick else 300)
     n_region = args.starts or (4 if args.quick else 100)
     t0 = time.time()
-    out: dict[str, Any] = {"benchmark": "policy_cost", "oracle": args.oracle, "oracle_view_honoured": _oracle_honoured()}
-    if not out["oracle_view_honoured"]:
-        print("# NOTE: this build's simulator has no oracle switch: the policies see full availability (the oracle view)")
+    out: dict[str, Any] = {"benchmark": "policy_cost", "oracle": args.oracle}
     targets: dict[str, dict[str, Any]] = {}
     if args.section in ("all", "legacy"):
         starts = [float(x) for x in np.random.default_rng(2024).uniform(0, (TRACE_DAYS - 2) * 86400, n)]

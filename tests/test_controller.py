@@ -295,7 +295,9 @@ def test_a_gang_that_ignores_the_stop_notice_is_stopped(spotrain_home: Path, tmp
             n = 1 if time.time() - t0 < 2.0 else 2
             return [Allocation(j.job_id, (Placement(o.key, SPOT, n),), reason=f"{n} worker(s)") for j in inp.jobs]
 
-    setup = local_cloud("t-deaf")
+    from cloud_providers.local.scenario import Scenario
+
+    setup = local_cloud("t-deaf", scenario=Scenario(oracle=True))  # the test's policy picks by the room
     ctl = Controller(store=Store(db_url()), provider=setup.provider, executor=setup.executor, policy=OneThenTwo(),
                      controller_id="t-deaf", tick_s=0.1, clock_rate=setup.clock_rate,
                      timings=Timings(stop_notice_s=0.5, stop_grace_s=1.0))

@@ -232,7 +232,9 @@ def test_preemption_too_short_to_checkpoint_resumes_from_periodic_checkpoint() -
 def test_more_spot_room_rescales_the_running_gang() -> None:
     """An elastic job (1..2 workers, spot only) grows when the room does: RUNNING -> RESCALING ->
     RUNNING on two workers, and it still succeeds."""
-    w, j = run_one(GROWING, spec(spot="always", workers=(1, 2)))
+    # The oracle's view (the cloud reports the room): the controller sees room grow at once. A real
+    # cloud does not say; tests/test_room_watch.py has the probing view.
+    w, j = run_one(GROWING, spec(spot="always", workers=(1, 2)), oracle=True)
     path = state_path(w, j)
     assert path == ["PENDING", "RUNNING", "RESCALING", "RUNNING", "SUCCEEDED"]
     rescale = next(e for e in state_events(w, j) if e.to_state == "RESCALING")

@@ -33,8 +33,10 @@ class TestLocalProvider(ProviderContract):
     @pytest.fixture
     def launch_request_factory(self, provider: LocalProvider) -> Callable[..., LaunchRequest]:
         def make(*, job: str, market: str, decision_id: str | None = None) -> LaunchRequest:
+            # The test reads the room from the trace: the cloud itself reports none (as AWS and GCP).
             offering = max(
-                (o for o in provider.offerings() if market != SPOT or (o.spot_price_usd_per_hour and o.spot_available)),
+                (o for o in provider.trace.offerings_at(provider.now_s())
+                 if market != SPOT or (o.spot_price_usd_per_hour and o.spot_available)),
                 key=lambda o: (o.spot_available or 0, o.key),
             )
             did = decision_id or f"d-{uuid.uuid4().hex[:12]}"

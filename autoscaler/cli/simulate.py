@@ -41,18 +41,20 @@ def random_starts(trace: MarketTrace, job: SimJob, n: int, seed: int) -> list[fl
 
 
 def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], *, min_billed_s: float = 0.0,
-             params: PolicyParams | None = None) -> list[SimResult]:
+             params: PolicyParams | None = None, oracle: bool = False) -> list[SimResult]:
     """Each start through the controller itself on a virtual clock (``simulator.world``); ``params``
-    (``--policy-params``) for the spotrain policy's, else the defaults."""
+    (``--policy-params``) for the spotrain policy's, else the defaults; ``oracle`` (``--oracle``): the
+    policy sees the trace's spot room, which no real cloud reports."""
     if not eligible_offerings(job.spec, trace.offerings_at(0.0)):
         r = job.spec.resources
         raise SpecError(f"trace error: no offering in the trace matches the job's resources (accelerators "
                         f"{', '.join(map(str, r.accelerators))}; clouds {', '.join(r.clouds)})")
-    sim = Simulation(trace, job.spec)
+    sim = Simulation(trace, job.spec, oracle=oracle)
     try:
         if params is not None:
-            return [run_job(trace, job, SpotrainPolicy(params), s, grid_s=sim.grid_s, watch_keys=sim.keys, market_watch=sim.watch,
-                            min_billed_s=min_billed_s) for s in starts]
+            return [run_job(trace, job, SpotrainPolicy(params), s, grid_s=sim.grid_s, watch_keys=sim.keys,
+                            market_watch=sim.watch if oracle else None, min_billed_s=min_billed_s, oracle=oracle)
+                    for s in starts]
         return [run_controller(sim, job, policy, s, min_billed_s=min_billed_s) for s in starts]
     except PlanTooLarge as exc:
         raise SpecError(str(exc)) from None
@@ -87,11 +89,15 @@ def run_many(trace: MarketTrace, job: SimJob, policy: str, starts: list[float], 
               help="The least the cloud bills a launch (EC2: 60); the controller's budget check counts it.")
 @click.option("--set", "overrides", multiple=True, help="Override a spec field, key.path=value.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per run).")
+@click.option("--oracle", is_flag=True,
+              help="Research view: the policy sees each offering's spot room from the trace (no real cloud reports it). "
+                   "Default: only what a real cloud shows - launches that succeed, capacity errors, preemptions, prices.")
 @policy_params_option
 def command(trace_path: str | None, job_path: str | None, workload_path: str | None, deadline_factor: float,
             batch_policy: str | None, policy: str, start_hours: float, starts: int | None,
             restart_overhead_hours: float | None, checkpoint_seconds: float | None, restore_seconds: float | None,
-            seed: int, min_billed_seconds: float, overrides: tuple[str, ...], as_json: bool, policy_params: str | None) -> None:
+            seed: int, min_billed_seconds: float, overrides: tuple[str, ...], as_json: bool, oracle: bool,
+            policy_params: str | None) -> None:
     """Replay a market trace with a policy in virtual time and report cost, finish time, deadline and preemptions."""
     if policy_params is not None and policy != "spotrain":
         raise click.UsageError("--policy-params sets the spotrain policy's parameters; it needs --policy spotrain")
@@ -105,7 +111,7 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
         if starts is not None or overrides:
             raise click.UsageError("--starts and --set apply to --job, not to --workload")
         _workload(trace, workload_path, policy, start_hours, restart_overhead_hours, checkpoint_seconds, restore_seconds,
-                  deadline_factor, as_json, batch_policy, params=params)
+                  deadline_factor, as_json, batch_policy, params=params, oracle=oracle)
         return
     if batch_policy is not None:
         raise click.UsageError("--batch-policy applies to --workload (a job's spec has training.batch_policy)")
@@ -118,7 +124,7 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
                        restart_overhead_s=None if restart_overhead_hours is None else restart_overhead_hours * 3600,
                        checkpoint_save_s=checkpoint_seconds, restore_s=restore_seconds)
     times = random_starts(trace, job, starts, seed) if starts else [start_hours * 3600.0]
-    for r in run_many(trace, job, policy, times, min_billed_s=min_billed_seconds, params=params):
+    for r in run_many(trace, job, policy, times, min_billed_s=min_billed_seconds, params=params, oracle=oracle):
         if as_json:
             click.echo(json.dumps(r.to_json(), sort_keys=True))
         else:
@@ -133,7 +139,7 @@ def command(trace_path: str | None, job_path: str | None, workload_path: str | N
 
 def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, overhead_hours: float | None,
               checkpoint_seconds: float | None, restore_seconds: float | None, deadline_factor: float, as_json: bool,
-              batch_policy: str | None = None, params: PolicyParams | None = None) -> None:
+              batch_policy: str | None = None, params: PolicyParams | None = None, oracle: bool = False) -> None:
     if policy == "omniscient":
         raise click.UsageError("--policy omniscient is defined for one fixed-size job, not for a workload")
     if deadline_factor != 0 and not 1 < deadline_factor <= 1000:
@@ -149,7 +155,8 @@ def _workload(trace: MarketTrace, path: str, policy: str, start_hours: float, ov
     chosen = SpotrainPolicy(params) if params else get_policy(policy)
     try:
         out = simulate_workload(trace, jobs, chosen, start_s=start_hours * 3600.0, restart_overhead_s=d,
-                                deadline_factor=None if deadline_factor == 0 else deadline_factor, batch_policy=batch_policy)
+                                deadline_factor=None if deadline_factor == 0 else deadline_factor, batch_policy=batch_policy,
+                                oracle=oracle)
     except WorkloadError as exc:
         raise SpecError(f"workload error: {exc}") from None
     if as_json:

@@ -3,7 +3,10 @@ is missing, and start a new gang once the whole allocation is up, with the batch
 allocation carries (a running gang keeps its batch until it is changed anyway).
 
 A running gang is changed only at a minibatch boundary: it is told to checkpoint and exit, and
-replacements launch at once, overlapping its notice window.
+replacements launch at once, overlapping its notice window. Where the move needs spot room the cloud
+does not report (a real cloud; the local cloud without its oracle), the replacements launch first:
+a capacity refusal then leaves the running gang running (the launch was the probe) and what the
+move did launch goes back at once, instead of breaking a gang for room that was not there.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Mapping
 from sqlalchemy.orm import Session
 
 from autoscaler.jobs.domain import JobState
-from cloud_providers.base import InstanceState, Offering
+from cloud_providers.base import SPOT, InstanceState, Offering
 
 from ..policy import Allocation
 from ..state import InstanceRow, Job
@@ -97,6 +100,18 @@ def _change_running_gang(ctx: Context, s: Session, job: Job, alloc: Allocation, 
         if not growing:
             end_over_budget(ctx, s, job, why)
         # A running gang that was only to grow keeps running as it is.
+        return
+    running = (job.state == JobState.RUNNING.value and not job.gang.stopping
+               and not any(r.state == InstanceState.NOTICE.value for r in gang))
+    if running and any(m == SPOT and k in by_key and by_key[k].spot_available is None for k, m in missing):
+        launched, refused = launch(ctx, s, job, missing, by_key)
+        if refused:
+            ctx.releasing.pop(job.job_id, None)  # the move is off: the gang keeps what it holds
+            for r in launched:
+                release(ctx, s, job, r, "the move's other launches were refused: the gang keeps running")
+            return
+        tell_gang_to_stop(ctx, job, gang, "rescale")
+        ctx.transition(s, job, JobState.RESCALING, f"resizing to {alloc.reason}")
         return
     if not job.gang.stopping and not any(r.state == InstanceState.NOTICE.value for r in gang):
         tell_gang_to_stop(ctx, job, gang, "rescale")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from autoscaler.fleet.market_watch import MarketWatcher, Watch
+from autoscaler.fleet.market_watch import MarketWatcher, RoomWatcher, Watch
 from autoscaler.jobs.domain import JobState
 from autoscaler.jobs.scaling import measured_scaling
 from autoscaler.jobs.spec import JobSpec, spec_from_dict
@@ -145,6 +145,8 @@ class Context:
     # job_id -> (last checkpoint step seen, controller-clock time it was first seen)
     last_checkpoint: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
     market: MarketWatcher = dataclasses.field(default_factory=MarketWatcher)
+    # Spot room as launches, capacity errors and preemptions showed it (where the provider reports none).
+    rooms: RoomWatcher = dataclasses.field(default_factory=RoomWatcher)
     # Prices of the last successful offerings() call, for the budget guard of a tick whose cloud calls fail.
     last_prices: dict[str, tuple[float, float | None]] = dataclasses.field(default_factory=dict)
     # Offerings whose every price change wakes the controller at that moment (the simulator's loop for

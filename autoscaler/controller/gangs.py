@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from autoscaler.jobs.domain import JobState
 from autoscaler.jobs.scaling import BatchConfig
 from cloud_providers import protocol
-from cloud_providers.base import InstanceState
+from cloud_providers.base import SPOT, InstanceState
 from cloud_providers.executor import GangState, WorkerLaunch
 
 from ..policy.moves import carry_state, gang_location
@@ -45,6 +45,8 @@ def on_instance_change(ctx: Context, s: Session, row: InstanceRow, state: Instan
         row.state = state.value
         row.interruption = interruption or "preemption"
         row.notice_delivered = 1
+        if row.market == SPOT:
+            ctx.rooms.saw(row.offering_key, ctx.provider.now_s(), False)  # the cloud took its room back
         # Every rank must stop at the same boundary; the runtime agrees on it, and telling the whole
         # gang as well keeps workers that cannot agree (a crashed peer) from waiting in a collective.
         notice = {"reason": protocol.NOTICE_PREEMPTION, "deadline_unix_s": ctx.now() + ctx.timings.preemption_notice_s,
@@ -67,6 +69,8 @@ def on_instance_change(ctx: Context, s: Session, row: InstanceRow, state: Instan
         row.terminated_at_s = terminated_at_s if terminated_at_s is not None else ctx.provider.now_s()
         if interruption and not row.interruption:
             row.interruption = interruption
+            if row.market == SPOT:
+                ctx.rooms.saw(row.offering_key, ctx.provider.now_s(), False)
             if job is not None:
                 job.preemptions += 1
         if job is not None:

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from autoscaler.fleet import accounting
 from autoscaler.jobs.domain import JobState
 from cloud_providers.base import (
+    SPOT,
     TAG_CONTROLLER,
     TAG_DECISION,
     TAG_JOB,
@@ -33,8 +34,12 @@ from .context import Context, gpus_of
 from .faults import maybe_crash_after_launch
 
 
-def launch(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], by_key: Mapping[str, Offering]) -> None:
-    """Launch one instance per ``(offering_key, market)`` in ``missing``."""
+def launch(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], by_key: Mapping[str, Offering]
+           ) -> tuple[list[InstanceRow], list[tuple[str, str]]]:
+    """Launch one instance per ``(offering_key, market)`` in ``missing``. Returns the rows launched and
+    the ``(offering_key, market)`` the cloud refused (capacity, quota, an invalid request)."""
+    launched: list[InstanceRow] = []
+    refused: list[tuple[str, str]] = []
     for key, market in missing:
         o = by_key.get(key)
         if o is None:
@@ -59,15 +64,21 @@ def launch(ctx: Context, s: Session, job: Job, missing: list[tuple[str, str]], b
             decision.status = "failed"
             decision.reason = f"{type(exc).__name__}: {exc}"
             ctx.capacity_failures.setdefault(job.job_id, {})[f"{key}|{market}"] = ctx.provider.now_s()
+            if market == SPOT and isinstance(exc, CapacityUnavailable):
+                ctx.rooms.saw(key, ctx.provider.now_s(), False)  # an observation, not a preemption
             ctx.note(s, job, "capacity", f"{key} ({market}): {exc}")
             s.commit()
+            refused.append((key, market))
             continue
+        if market == SPOT:
+            ctx.rooms.saw(key, ctx.provider.now_s(), True)
         maybe_crash_after_launch()
-        record_instance(s, job, inst, offering_key=key, market=market, decision_id=decision.decision_id)
+        launched.append(record_instance(s, job, inst, offering_key=key, market=market, decision_id=decision.decision_id))
         decision.status = "launched"
         decision.instance_id = inst.instance_id
         ctx.note(s, job, "launched", f"{inst.instance_id} on {key} ({market})")
         s.commit()
+    return launched, refused
 
 
 def record_instance(s: Session, job: Job, inst: Instance, *, offering_key: str, market: str, decision_id: str) -> InstanceRow:

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from autoscaler.fleet import accounting
 from autoscaler.jobs.domain import JobState
-from cloud_providers.base import Offering
+from cloud_providers.base import SPOT, Offering
 from cloud_providers.errors import ProviderError
 
 from ..policy import JobView, PolicyInput
@@ -171,7 +171,16 @@ def tick(ctx: Context, *, contain: bool = True) -> None:
         if not views:
             return
         seen = accounting.history_from_totals(ctx.spot_history.totals(ctx.store, s, ctx.controller_id))
-        inp = PolicyInput(now_s=now_s, jobs=views, offerings=offerings, history=ctx.market.merge(seen),
+        held_spot: dict[str, int] = {}
+        for v in views:
+            for h in v.held:
+                if h.market == SPOT:
+                    held_spot[h.offering_key] = held_spot.get(h.offering_key, 0) + h.instances
+        for key in held_spot:
+            ctx.rooms.holding(key, now_s)
+        # Where the provider reports no room (a real cloud), the policy sees what was observed.
+        inp = PolicyInput(now_s=now_s, jobs=views, offerings=ctx.rooms.believed(offerings, held_spot, now_s),
+                          history=ctx.market.merge(seen),
                           decision_interval_s=ctx.tick_s * ctx.clock_rate)
         allocations = {a.job_id: a for a in ctx.policy.decide(inp)}
         wakes = [a.next_decision_s for a in allocations.values() if a.next_decision_s is not None]

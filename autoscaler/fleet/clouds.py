@@ -74,6 +74,7 @@ def local_cloud(
         root=root / "cloud", trace=trace, time_scale=scale, scenario=scenario,
         on_terminate=executor.stop, progress_of=progress_of, min_billed_s=scenario.min_billed_s,
         stopped_at=stopped_at,
+        oracle=scenario.oracle,
     )
     return CloudSetup(provider, executor, provider.time_scale)
 

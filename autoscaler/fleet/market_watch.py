@@ -10,6 +10,9 @@ tick by tick in the controller, and the simulator's ``simulator/market_watch.py`
 change point of a trace ahead of time (so a query is a lookup plus one ``advance``) - the policy sees
 the same ``MarketHistory`` either way.
 
+Where the provider reports no room (AWS, GCP; the local cloud and the simulator unless their
+``oracle`` is on), ``RoomWatcher`` keeps what launches, capacity errors and preemptions showed.
+
 Held in memory: a restarted controller starts watching afresh (its own instance history, which is
 what preemption counts come from, is in the database).
 """
@@ -17,10 +20,12 @@ what preemption counts come from, is in the database).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 
 from autoscaler.policy import MarketHistory
 from cloud_providers.base import Offering
+from cost_models.availability import RoomEvidence, believed_full, believed_full_until_s, observe
 
 MAX_COUNT = 8
 
@@ -98,3 +103,53 @@ class MarketWatcher:
     def snapshot(self) -> dict[str, Watch]:
         """The watch of every offering seen so far (immutable values)."""
         return dict(self._w)
+
+
+class RoomWatcher:
+    """Spot room as a real cloud lets its user learn it (issue 23, item 2): AWS and GCP report no
+    ``spot_available``, so the only evidence is what happened to this controller's own launches and
+    instances - a launch that succeeded or instances still running (room), a capacity error, a
+    preemption or its notice (none). ``cost_models.availability`` turns that into a belief that
+    fades back to a prior; an offering believed full is shown to the policy with no more room than is
+    held there, any other one as unknown (the policy tries it: the launch attempt is the probe, and a
+    refusal is only an observation, never a preemption). Shared by all jobs of a controller (a
+    refusal seen by one is news for all); the simulator's fast path keeps one per run."""
+
+    def __init__(self) -> None:
+        self._ev: dict[str, RoomEvidence] = {}
+
+    def saw(self, key: str, now_s: float, room: bool) -> None:
+        """A launch on ``key`` succeeded (``room``) or was refused for capacity, or an instance there
+        was preempted (not ``room``)."""
+        self._ev[key] = observe(self._ev.get(key, RoomEvidence()), now_s, room)
+
+    def holding(self, key: str, now_s: float) -> None:
+        """Instances run on ``key`` now: there is room for them (unless a preemption was seen at this
+        very moment: room went below what is held)."""
+        ev = self._ev.get(key)
+        if ev is not None and ev.last_seen_room is False and ev.last_seen_s >= now_s:
+            return
+        self.saw(key, now_s, True)
+
+    def evidence(self) -> dict[str, RoomEvidence]:
+        return dict(self._ev)
+
+    def believed(self, offerings: Iterable[Offering], held: Mapping[str, int], now_s: float) -> list[Offering]:
+        """``offerings`` as the policy should see them: where the provider reports no room (a real
+        cloud), an offering believed full offers the ``held`` instances and no more; any other keeps
+        ``spot_available=None`` (unknown: worth a launch attempt). An offering whose provider does
+        report room (the local cloud or a simulation with the oracle on) is left as it is."""
+        out = []
+        for o in offerings:
+            ev = self._ev.get(o.key)
+            if (o.spot_price_usd_per_hour is not None and o.spot_available is None and ev is not None
+                    and believed_full(ev, now_s)):
+                o = dataclasses.replace(o, spot_available=held.get(o.key, 0))
+            out.append(o)
+        return out
+
+    def next_try_s(self, now_s: float) -> float | None:
+        """The next moment after ``now_s`` at which an offering believed full becomes worth trying
+        (the simulator wakes the controller then, as the service's next tick would see it)."""
+        due = [t for ev in self._ev.values() if (t := believed_full_until_s(ev)) is not None and now_s < t < math.inf]
+        return min(due) if due else None

@@ -256,7 +256,8 @@ def candidate_placements(ctx: PlanContext,
         if spot_allowed(job):
             ranked = sorted(
                 (o for o in usable if o.spot_price_usd_per_hour is not None and n % o.gpus == 0
-                 and max(o.spot_available or 0, ctx.held.get((o.key, SPOT), 0)) >= n // o.gpus),
+                 and (o.spot_available is None  # room unknown (a real cloud): a launch attempt is the probe
+                      or max(o.spot_available, ctx.held.get((o.key, SPOT), 0)) >= n // o.gpus)),
                 key=lambda o: (_spot_usd_per_gpu_hour_at_risk(o, ctx.hazards, ctx.loss_eff_s), o.key),
             )
             for o in ranked[:params.spot_candidates]:

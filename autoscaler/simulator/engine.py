@@ -17,6 +17,11 @@ applies the returned allocation the way the controller and the cloud would:
   that wrote the job's state carries it: egress at the catalog's price for ``checkpoint.size_gb``,
   billed into the cost (``policy.moves.carry_state``, the controller's rule), and counted
   (``SimResult.egress_usd``, ``region_moves``).
+- The policy sees what a real cloud shows (``oracle=False``, the default): prices, and spot room only
+  as its launches, capacity refusals and preemptions revealed it (``fleet.market_watch.RoomWatcher``,
+  the controller's own bookkeeping); a refused launch wakes it a decision interval later, as the
+  controller's next tick. ``oracle=True`` shows it the trace's room and the market history watched
+  since the trace began (research: no real cloud reports either).
 - The hard budget is the controller's own (``controller/budget.py``): the guard first at every event
   (spend plus the burn rate until its next check, at the controller's horizon for a ``grid_s`` tick),
   a wake-up when it would stop the job, and the launch check before instances are added. The policy
@@ -29,10 +34,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from typing import Any
 
 from autoscaler.fleet.accounting import holdings_burn_rate_usd_per_hour
+from autoscaler.fleet.market_watch import RoomWatcher
 from autoscaler.jobs.spec import JobSpec
 from cloud_providers.base import SPOT, Offering
 from cloud_providers.local.market import MarketTrace
@@ -106,13 +113,14 @@ class SimResult:
 class Simulation:
     """Holds the per-trace precomputation (market watch, change points) for many runs."""
 
-    def __init__(self, trace: MarketTrace, spec: JobSpec, *, grid_s: float = GRID_S) -> None:
+    def __init__(self, trace: MarketTrace, spec: JobSpec, *, grid_s: float = GRID_S, oracle: bool = False) -> None:
+        """``oracle``: the policy sees the trace's spot room (research; no real cloud reports it)."""
         if grid_s <= 0:
             raise ValueError("grid_s must be positive")
         self.trace = trace
         self.grid_s = grid_s
+        self.oracle = oracle
         self.keys = [o.key for o in eligible_offerings(spec, trace.offerings_at(0.0))]
-        self.watch = MarketWatch(trace, self.keys)
         times: set[float] = set()
         for k in self.keys:
             prev: Offering | None = None
@@ -122,6 +130,11 @@ class Simulation:
                     times.add(t)
                 prev = o
         self.change_times = sorted(times)
+
+    @functools.cached_property
+    def watch(self) -> MarketWatch:
+        """What watching the trace's room showed (the oracle's market history)."""
+        return MarketWatch(self.trace, self.keys)
 
     def offerings_at(self, t: float) -> list[Offering]:
         return [self.trace.offering_at(k, t) for k in self.keys]
@@ -137,8 +150,9 @@ class Simulation:
         return _run(self, job, policy, self.align(start_s), max_s)
 
 
-def simulate(trace: MarketTrace, job: SimJob, policy: Policy, start_s: float = 0.0, *, grid_s: float = GRID_S) -> SimResult:
-    return Simulation(trace, job.spec, grid_s=grid_s).run(job, policy, start_s)
+def simulate(trace: MarketTrace, job: SimJob, policy: Policy, start_s: float = 0.0, *, grid_s: float = GRID_S,
+             oracle: bool = False) -> SimResult:
+    return Simulation(trace, job.spec, grid_s=grid_s, oracle=oracle).run(job, policy, start_s)
 
 
 @dataclasses.dataclass
@@ -179,6 +193,8 @@ class _Run:
     location: str | None = None
     egress_usd: float = 0.0
     region_moves: int = 0
+    # Spot room as the run's launches, refusals and preemptions showed it (without the oracle).
+    rooms: RoomWatcher = dataclasses.field(default_factory=RoomWatcher)
 
 
 def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
@@ -194,6 +210,7 @@ def _preempt(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
         if n > room:
             r.preemptions += n - room
             r.preempted[k] = r.preempted.get(k, 0) + n - room
+            r.rooms.saw(k, r.t, False)
             broken = True
             r.events += [r.t + job.checkpoint_save_s, r.t + offers[k].notice_seconds]
             r.stopping_until = r.t + job.checkpoint_save_s
@@ -263,13 +280,23 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
         state_location=r.location if r.progress > 0 else None,
         region_moves=r.region_moves,
     )
-    history = sim.watch.history_at(r.t)
+    if sim.oracle:
+        history = sim.watch.history_at(r.t)
+        shown = tuple(offers.values())
+    else:
+        # What a real cloud shows: prices, and room only as the run's own launches revealed it.
+        history = {}
+        held_spot = {k: n for (k, m), n in r.holdings.items() if m == SPOT and n > 0}
+        for k in held_spot:
+            r.rooms.holding(k, r.t)
+        shown = tuple(r.rooms.believed((o if o.spot_available is None else dataclasses.replace(o, spot_available=None)
+                                        for o in offers.values()), held_spot, r.t))
     for k in set(r.spot_held_s) | set(r.preempted):
         base = MarketHistory(k, r.spot_held_s.get(k, 0.0), r.preempted.get(k, 0))
         w = history.get(k)
         history[k] = base if w is None else dataclasses.replace(w, spot_seconds_held=base.spot_seconds_held,
                                                                 preemptions=base.preemptions)
-    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=tuple(offers.values()), history=history,
+    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=shown, history=history,
                       decision_interval_s=sim.grid_s)
     return policy.decide(inp)[0]
 
@@ -294,27 +321,37 @@ def _reported_progress(done: float, work: float) -> float:
     return progress
 
 
-def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> dict[tuple[str, str], int]:
-    """What the allocation holds once the cloud has refused spot beyond its room."""
+def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> tuple[dict[tuple[str, str], int], bool]:
+    """What the allocation holds once the cloud has refused spot beyond its room, and whether it refused."""
     target: dict[tuple[str, str], int] = {}
+    refused = False
     for p in alloc.placements:
         if p.instances <= 0 or p.offering_key not in offers:
             continue
         n = p.instances
         if p.market == SPOT:
             room = (offers[p.offering_key].spot_available or 0)
+            held = r.holdings.get((p.offering_key, SPOT), 0)
+            if n > held and room > held:
+                r.rooms.saw(p.offering_key, r.t, True)  # launches succeeded (the first ones, at least)
             if n > room:
                 r.failures[p.offering_key + "|" + SPOT] = r.t
+                r.rooms.saw(p.offering_key, r.t, False)  # a refused launch: an observation, not a preemption
                 n = room
+                refused = True
         if n > 0:
             target[(p.offering_key, p.market)] = target.get((p.offering_key, p.market), 0) + n
-    return target
+    return target, refused
 
 
 def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering], wake: float, end: float) -> bool:
     """Bill and progress to the next event; True when the run has ended."""
     h = r.holdings
     rate = gang_rate(job.scaling, [(offers[k], n) for (k, _), n in h.items()])
+    if sum(offers[k].gpus * n for (k, _), n in h.items()) < job.spec.workers.min:
+        # Fewer GPUs than the job needs (a gang the cloud refused in part): the controller starts no
+        # gang on them (``allocate._gang_allowed``); they bill until the next decision lets them go.
+        rate = 0.0
     price_s = sum(offers[k].price_usd_per_hour(m) * n for (k, m), n in h.items()) / 3600.0
     od_price_s = sum(offers[k].on_demand_price_usd_per_hour * n for (k, m), n in h.items()) / 3600.0
     spot_n = sum(n for (k, m), n in h.items() if m == SPOT)
@@ -405,7 +442,11 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         if alloc.outcome is not None:
             r.state, r.reason = alloc.outcome.state.value, alloc.reason
             break
-        target = _target(alloc, r, offers)
+        target, refused = _target(alloc, r, offers)
+        if refused and not sim.oracle and not broken and r.holdings and r.t > r.stopping_until + 1e-9:
+            # The controller launches a running gang's move first where the cloud reports no room: a
+            # refusal leaves the gang running and what did launch goes back at once.
+            target = r.holdings
         if target != r.holdings and (why := budget.launch(r, target, offers)) is not None:
             # The controller's launch check: a running gang that was only to grow keeps running as it
             # is; anything else ends the job.
@@ -435,6 +476,11 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
         wake = r.t + MAX_DECISION_GAP_S
         if alloc.next_decision_s is not None:
             wake = min(wake, max(alloc.next_decision_s, math.nextafter(r.t, math.inf)))
+        if not sim.oracle:
+            if any(t >= r.t for t in r.failures.values()):
+                wake = min(wake, r.t + sim.grid_s)  # refused: the controller's next tick decides again
+            if (retry := r.rooms.next_try_s(r.t)) is not None:
+                wake = min(wake, retry)  # an offering believed full is worth trying again
         if broken and r.holdings:
             r.overhead_left = job.restart_overhead_s
             r.run_since_ckpt = 0.0

@@ -61,7 +61,8 @@ def run_controller(sim: Simulation, job: SimJob, policy: str, start_s: float, *,
     """One of ``POLICIES`` from ``start_s`` through the controller on a virtual clock: what
     ``spotrain simulate`` and ``estimate`` report."""
     return run_job(sim.trace, job, named_policy(sim, job, policy, start_s), start_s, grid_s=sim.grid_s,
-                   watch_keys=sim.keys, market_watch=sim.watch, min_billed_s=min_billed_s)
+                   watch_keys=sim.keys, market_watch=sim.watch if sim.oracle else None, min_billed_s=min_billed_s,
+                   oracle=sim.oracle)
 
 
 def run_named(sim: Simulation, job: SimJob, policy: str, start_s: float) -> SimResult:

@@ -207,9 +207,10 @@ def tuned_job(j: WorkloadJob) -> WorkloadJob:
 
 def workload_world(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
                    restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
-                   batch_policy: str | None = None) -> tuple[World, list[_Run]]:
+                   batch_policy: str | None = None, oracle: bool = False) -> tuple[World, list[_Run]]:
     """The world and the jobs' runs, before any arrival (``simulate_workload`` runs them). A job's
-    deadline comes from the configuration its user asked for, in every mode."""
+    deadline comes from the configuration its user asked for, in every mode. ``oracle``: the
+    controller sees the trace's spot room (``World``)."""
     if deadline_factor is not None and deadline_factor <= 1.0:
         raise ValueError("deadline_factor must be > 1 (or None for no deadlines)")
     if batch_policy is not None and batch_policy not in BATCH_POLICIES:
@@ -240,18 +241,18 @@ def workload_world(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Poli
             raise WorkloadError(f"job {j.name}: {str(exc).removeprefix('spec error: ')}") from None
         sim = dataclasses.replace(sim, checkpoint_interval_s=spec.checkpoint.interval_s)
         runs.append(_Run(j, spec, sim, deadline, ran))
-    return World(trace, policy, start_s=start_s), runs
+    return World(trace, policy, start_s=start_s, oracle=oracle), runs
 
 
 def simulate_workload(trace: MarketTrace, jobs: Sequence[WorkloadJob], policy: Policy, *, start_s: float = 0.0,
                       restart_overhead_s: float = 360.0, deadline_factor: float | None = DEFAULT_DEADLINE_FACTOR,
-                      max_s: float = 14 * 86400.0, batch_policy: str | None = None) -> dict[str, Any]:
+                      max_s: float = 14 * 86400.0, batch_policy: str | None = None, oracle: bool = False) -> dict[str, Any]:
     """Replay ``jobs`` (submit times relative to ``start_s`` on the trace) through one controller on a
     virtual clock (``World``) and return the summary and one record per job (cost, JCT, deadline,
     GPU-hours, batch events). The jobs share the market as they would the cloud: the local cloud's
     spot room per offering. ``batch_policy``: see the module doc (None: fixed gangs, unprofiled)."""
     world, runs = workload_world(trace, jobs, policy, start_s=start_s, restart_overhead_s=restart_overhead_s,
-                                 deadline_factor=deadline_factor, batch_policy=batch_policy)
+                                 deadline_factor=deadline_factor, batch_policy=batch_policy, oracle=oracle)
     ids = world.run(horizon_s=start_s + max_s,
                     arrivals=[(start_s + r.job.submit_s, r.spec, r.workload) for r in runs])
     for k, v in ids.items():

@@ -72,10 +72,12 @@ class JobOutcome:
 class World:
     def __init__(self, trace: MarketTrace, policy: Policy, *, start_s: float = 0.0, grid_s: float = GRID_S,
                  min_billed_s: float = 0.0, timings: Timings | None = None, watch_keys: Iterable[str] | None = None,
-                 market_watch: MarketWatch | None = None) -> None:
+                 market_watch: MarketWatch | None = None, oracle: bool = False) -> None:
         """``watch_keys``: the offerings whose changes wake the controller (default: all of the trace).
-        ``market_watch``: what a controller watching this trace since its start has seen (default:
-        computed here); the controller starts from it at ``start_s``, as a running service would."""
+        ``oracle``: the local cloud reports the trace's spot room (no real cloud does), and the
+        controller starts from ``market_watch``, what watching that room since the trace's start
+        showed (default: computed here), as a running service would. Off (the default), the
+        controller learns room only from its launches, capacity errors and preemptions."""
         if grid_s <= 0:
             raise ValueError("grid_s must be positive")
         self.trace = trace
@@ -85,16 +87,18 @@ class World:
                                           now_s=self._now_s)
         self.provider = LocalProvider(root=None, trace=trace, time_scale=1.0, start_offset_s=start_s,
                                       min_notice_real_s=0.0, clock=self.clock.now, on_terminate=self.executor.stop,
-                                      min_billed_s=min_billed_s)
+                                      min_billed_s=min_billed_s, oracle=oracle)
         self.store = Store("sqlite://")
         self._scaling: dict[str, Scaling] = {}
         keys = list(watch_keys) if watch_keys is not None else None
         self._change_times = _change_times(trace, keys)
-        watch = market_watch or MarketWatch(trace, keys if keys is not None else trace.keys)
+        seed = None
+        if oracle:
+            seed = (market_watch or MarketWatch(trace, keys if keys is not None else trace.keys)).watches_at(start_s)
         hooks = Hooks(logs_dir=lambda job_id: Path("simulated") / job_id,
                       scaling_of=lambda job_id, spec: self._scaling.get(job_id),
                       prices_seen_on_change=frozenset(keys if keys is not None else trace.keys),  # each change wakes it
-                      market_seed=watch.watches_at(start_s))
+                      market_seed=seed)
         self.controller = Controller(store=self.store, provider=self.provider, executor=self.executor, policy=policy,
                                      controller_id="sim", tick_s=grid_s, clock_rate=1.0, clock=self.clock,
                                      timings=timings, strict=True, hooks=hooks)
@@ -168,6 +172,12 @@ class World:
             # A launch was refused just now: the service would decide again at its next tick (and
             # fail over), not wait for the market to change.
             cands.append(now + self.controller.ctx.tick_s)
+        retry = None if self.provider.oracle else self.controller.ctx.rooms.next_try_s(now)
+        if retry is not None:
+            # An offering believed full becomes worth a launch attempt: the service's next tick would
+            # see it then (the simulator must not wait for the market's next change, which the
+            # controller cannot know of).
+            cands.append(retry)
         with self.store.session() as s:
             for job_id in self._live:
                 job = s.get(Job, job_id)
@@ -224,12 +234,12 @@ def _change_times(trace: MarketTrace, keys: Iterable[str] | None) -> list[float]
 
 def run_job(trace: MarketTrace, job: SimJob, policy: Policy, start_s: float, *, grid_s: float = GRID_S,
             watch_keys: Iterable[str] | None = None, max_s: float = 60 * 86400.0, min_billed_s: float = 0.0,
-            market_watch: MarketWatch | None = None) -> SimResult:
+            market_watch: MarketWatch | None = None, oracle: bool = False) -> SimResult:
     """One job from ``start_s`` (aligned to the decision grid, as the market's changes are) through
     the controller; the result in the simulator's contract form."""
     start = math.ceil(start_s / grid_s - 1e-9) * grid_s
     world = World(trace, policy, start_s=start, grid_s=grid_s, watch_keys=watch_keys, min_billed_s=min_billed_s,
-                  market_watch=market_watch)
+                  market_watch=market_watch, oracle=oracle)
     workload = SimWorkload(work_s=job.work, scaling=job.scaling, restart_overhead_s=job.restart_overhead_s,
                            checkpoint_save_s=job.checkpoint_save_s, checkpoint_interval_s=job.spec.checkpoint.interval_s)
     job_id = world.submit(job.spec, workload)

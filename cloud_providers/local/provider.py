@@ -8,6 +8,12 @@ When an offering's ``spot_available`` drops below the number of spot instances h
 surplus (newest first) gets the cloud's notice (AWS 120 s, GCP 30 s of market time) and is terminated
 when the notice runs out. A scenario (``scenario.py``) adds scripted capacity caps and preemptions.
 
+Like AWS and GCP, the cloud does not tell its user how much spot room an offering has: ``offerings()``
+reports ``spot_available=None`` and the room shows only in what happens - a launch succeeds or raises
+``CapacityUnavailable``, a held instance gets a notice. ``oracle=True`` (a scenario's ``oracle: true``,
+the simulator's ``--oracle``) reports the trace's room as well, for research: the policy then knows
+which offerings have room and since when, which no real cloud says.
+
 The local machine needs a few real seconds to act on a notice however compressed the market is, so a
 notice lasts at least ``min_notice_real_s`` of wall time (billing still follows the market clock).
 
@@ -20,6 +26,7 @@ atomically, so the cloud outlives a controller crash just as a real one would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -55,17 +62,20 @@ class LocalProvider:
         clock: Callable[[], float] = time.time,
         min_billed_s: float = 0.0,
         stopped_at: Callable[[str], float | None] | None = None,
+        oracle: bool = False,
     ) -> None:
         """``root``: where the cloud's state file lives (None: in memory only, for the simulator);
         ``clock``: the clock the market runs on (wall time, or the simulator's virtual clock);
         ``min_billed_s``: the least it bills a launch, as real clouds do (EC2: 60 s);
         ``stopped_at``: the wall time an instance's machine shut itself down, or None
-        (``LocalExecutor.stopped_at``: its owner was gone, ``owner.py``); ``poll`` ends its bill then."""
+        (``LocalExecutor.stopped_at``: its owner was gone, ``owner.py``); ``poll`` ends its bill then;
+        ``oracle``: report each offering's spot room (the trace's), which real clouds do not."""
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         if min_billed_s < 0:
             raise ValueError("min_billed_s must be >= 0")
         self.min_billed_s = float(min_billed_s)
+        self.oracle = bool(oracle)
         self.root = None if root is None else Path(root)
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -134,7 +144,11 @@ class LocalProvider:
 
     # ----- offerings -----
     def offerings(self) -> Sequence[Offering]:
-        return self.trace.offerings_at(self.now_s())
+        offers = self.trace.offerings_at(self.now_s())
+        if self.oracle:
+            return offers
+        # As a real cloud: prices (spot price history is public), not room.
+        return [o if o.spot_available is None else dataclasses.replace(o, spot_available=None) for o in offers]
 
     def _offering(self, key: str) -> Offering:
         try:

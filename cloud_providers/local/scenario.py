@@ -4,6 +4,7 @@
 market: PATH            # optional market trace; default: the bundled one
 time_scale: 60          # optional: market seconds per real second
 min_billed: 60s         # optional: the least the cloud bills a launch (EC2: 60 s)
+oracle: false           # optional: report each offering's spot room (no real cloud does; research only)
 events:                 # each at a real time since the job started, or at a training step
   - {at: 10s, spot_capacity: 2}   # from then on the job may hold at most 2 spot workers
   - {at_step: 55, preempt: 1}     # preempt 1 spot worker, with the cloud's notice
@@ -41,6 +42,8 @@ class Scenario:
     events: tuple[ScenarioEvent, ...] = ()
     # The least the cloud bills a launch, in market seconds (EC2: 60 s); 0: none.
     min_billed_s: float = 0.0
+    # Report the trace's spot room to the controller (off: only launches and notices show it).
+    oracle: bool = False
 
 
 def _seconds(v: Any, where: str) -> float:
@@ -59,7 +62,7 @@ def parse_scenario(text: str, *, base_dir: Path, source: str = "scenario") -> Sc
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError(f"scenario error: {source}: must be a mapping")
-    unknown = set(data) - {"market", "time_scale", "events", "min_billed"}
+    unknown = set(data) - {"market", "time_scale", "events", "min_billed", "oracle"}
     if unknown:
         raise ScenarioError(f"scenario error: {sorted(unknown)[0]}: unknown field")
     market = None
@@ -101,7 +104,12 @@ def parse_scenario(text: str, *, base_dir: Path, source: str = "scenario") -> Sc
             raise ScenarioError(f"scenario error: {where}.preempt: must be a positive integer")
         events.append(ScenarioEvent(i, at, at_step, cap, pre))
     min_billed = _seconds(data["min_billed"], "min_billed") if data.get("min_billed") is not None else 0.0
-    return Scenario(market, ts, tuple(events), min_billed)
+    oracle = data.get("oracle", False)
+    if oracle is None:
+        oracle = False
+    if not isinstance(oracle, bool):
+        raise ScenarioError(f"scenario error: oracle: must be true or false, got {oracle!r}")
+    return Scenario(market, ts, tuple(events), min_billed, oracle)
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -65,6 +65,9 @@ def test_dp_plan_cost_matches_its_replay(single: Simulation) -> None:
 
 
 def test_preemptions_cost_restart_overhead_and_notice_loss(single: Simulation) -> None:
+    # The oracle's view: the same market schedule must preempt both jobs alike. Without it, when a
+    # job probes a zone again depends on its restart overhead, and so do its preemptions.
+    single = Simulation(single.trace, make_spec(), oracle=True)
     spec = make_spec(simulate={"work_gpu_hours": 10}, objective={})
     fast = make_sim_job(spec, restart_overhead_s=60)
     slow = make_sim_job(spec, restart_overhead_s=1800)
