@@ -143,7 +143,8 @@ def test_status_filters_and_cancel_all_with_a_controller(spotrain_home: Path, tm
         live = wait_live(["first", "second"])
         assert sorted(j["job_id"] for j in live) == sorted(ids)
         assert listed() == done[-10:] + ids  # over HTTP: the same selection as from the database
-        human = run_cli("status", timeout=60).stdout
+        # Wide enough for the whole WORKERS text whatever COLUMNS the test runner inherited (xdist sets one).
+        human = run_cli("status", timeout=60, env={"COLUMNS": "200"}).stdout
         assert table_ids(human) == done[-10:] + ids and "1x " in human and " spot " in human, human
         assert listed("--all") == done + ids
         assert listed("--state", "FAILED") == [j for i, j in enumerate(done) if ENDED_STATES[i % 3] == "FAILED"]

@@ -60,7 +60,9 @@ def _two_regions() -> MarketTrace:
 def test_egress_is_priced_into_the_plan_and_it_stays_the_lower_bound() -> None:
     spec = make_spec(resources={"accelerators": ["V100:1"], "clouds": ["aws"]}, objective={"deadline": "6h"},
                      simulate={"work_gpu_hours": 4})
-    sim = Simulation(_two_regions(), spec)
+    # The oracle on: the recorder reads the policy's allocations, and without the oracle a refused
+    # launch (a probe) would look like a move.
+    sim = Simulation(_two_regions(), spec, oracle=True)
     job = make_sim_job(spec, restart_overhead_s=360)
     free = plan_omniscient(sim, job, 0.0)
     assert free.moves >= 1 and free.egress_usd == 0.0  # cheap spot first, then the other region

@@ -96,7 +96,9 @@ def _hours_on(log: Sequence[tuple[float, tuple[str, ...]]], zone: str, market: s
 
 
 def _run(trace: MarketTrace, spec: JobSpec) -> tuple[_Recorder, object, object]:
-    sim = Simulation(trace, spec)
+    # The oracle on: the recorder reads the policy's allocations, and without the oracle a refused
+    # launch (a probe) would look like a move.
+    sim = Simulation(trace, spec, oracle=True)
     job = make_sim_job(spec, restart_overhead_s=720)
     rec = _Recorder()
     ours = sim.run(job, rec, 0.0)
