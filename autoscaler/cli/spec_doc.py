@@ -64,6 +64,12 @@ DESCRIPTIONS: dict[str, str] = {
                         "bucket naming rules): [formats.md](formats.md#checkpoints).",
     "checkpoint.interval": "Periodic checkpoint interval (a duration).",
     "checkpoint.keep": "How many checkpoints to keep.",
+    "checkpoint.size_gb": "The checkpoint's size in GB until the runtime has measured it (it reports "
+                          "`checkpoint_size_gb` once it has checkpointed, which then replaces this). A move of the job "
+                          "to another region or cloud carries it: egress at the cloud's list price (AWS $0.02/GB between "
+                          "regions, GCP $0.02/GB within a continent, $0.09-0.12/GB between clouds: "
+                          "`cloud_providers/catalog.py`) and about an hour of transfer per 4 TB, which the policy weighs "
+                          "against the move's saving and the controller bills into the job's cost (`egress_usd`).",
     "retries": "Restarts after user-code failures (infrastructure failures are always recovered).",
     "retries.max_restarts_on_errors": "Restarts after a worker exits with an error; a failure before the "
                                       "first step that repeats with the same exit code is not retried again.",
