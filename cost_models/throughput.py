@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import least_squares
 
 _FloatArray = NDArray[np.float64]
 _EPS = 1e-12
@@ -164,6 +163,7 @@ class ThroughputModel:
         it only whole steps are fitted. ``contention_term=False`` fits Pollux's seven parameters only
         (``delta_n`` = 0). Raises ValueError on malformed input.
         """
+        from scipy.optimize import least_squares  # here: scipy costs the controller's start ~0.3 s
         n, k, m, t, a = _check_rows(nodes, replicas, local_bsz, step_time, accum_steps)
         compute = None
         if sync_time is not None:

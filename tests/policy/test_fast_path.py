@@ -6,7 +6,7 @@ different traces for every policy the sweeps run, on gangs of four instances, an
 ``spotrain tune`` optimizes is what the controller runs).
 ``benchmarks/fast_path.py`` prints the same comparison on every start of the benchmark's 24-hour jobs.
 
-The suite samples 32 starts a trace and policy (16 for gangs): each start is a full controller run on
+The suite samples 16 starts a trace and policy (8 for gangs): each start is a full controller run on
 the virtual clock, and the suite must stay fast on two cores. ``SPOTRAIN_FAST_PATH_STARTS=100`` runs
 the issue's full 100 a trace (and half that for gangs)."""
 
@@ -24,7 +24,7 @@ from autoscaler.simulator import Simulation, make_sim_job, run_named
 from autoscaler.simulator.jobs import run_controller
 from research.tracegen import MULTI_NODE, MULTI_ZONE, SINGLE_ZONE, generate_trace
 
-STARTS = int(os.environ.get("SPOTRAIN_FAST_PATH_STARTS", "32"))
+STARTS = int(os.environ.get("SPOTRAIN_FAST_PATH_STARTS", "16"))
 HOURS = 24 * 5
 DEADLINE_H = 8.0
 
