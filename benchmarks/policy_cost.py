@@ -19,7 +19,7 @@ it has one, else $0.02/GB). Per cell: each policy's cost
 research view with full availability knowledge (``_simulation`` wires it; the JSON says which view
 ran). Last line: one JSON object with every figure.
 
-    python benchmarks/policy_cost.py [--quick] [--starts N] [--procs P] [--oracle] [--section S]
+    python benchmarks/policy_cost.py [--quick] [--starts N] [--procs P] [--oracle] [--section S] [--market M]
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ def _region_task(args: tuple[str, float, float, str, list[float]]) -> tuple[str,
     return market, ratio, size_gb, policy, out
 
 
-def _region_cells(starts: list[float], procs: int) -> dict[str, Any]:
-    tasks = [(m, ratio, gb, p, starts) for m in REGION_MARKETS for ratio in REGION_RATIOS for gb in CHECKPOINT_GB
+def _region_cells(starts: list[float], procs: int, markets: tuple[str, ...] = tuple(REGION_MARKETS)) -> dict[str, Any]:
+    tasks = [(m, ratio, gb, p, starts) for m in markets for ratio in REGION_RATIOS for gb in CHECKPOINT_GB
              for p in REGION_POLICIES]
     with mp.get_context("fork").Pool(max(1, procs)) as pool:
         results = pool.map(_region_task, tasks, chunksize=1)
@@ -197,7 +197,7 @@ def _region_cells(starts: list[float], procs: int) -> dict[str, Any]:
     fig: dict[str, Any] = {}
     print(f"{'market':40s} {'ratio':>5s} {'ckpt GB':>7s} {'spotrain':>9s} {'UP':>8s} {'misses s/u/o':>12s} "
           f"{'moves/job s':>11s} {'moves/job o':>11s} {'egress $ s/o':>13s}")
-    for m in REGION_MARKETS:
+    for m in markets:
         for ratio in REGION_RATIOS:
             for gb in CHECKPOINT_GB:
                 om = runs[(m, ratio, gb, "omniscient")]
@@ -245,6 +245,8 @@ def main() -> None:
     ap.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=False,
                     help="the policy sees full availability (research view); default: only what a cloud reports")
     ap.add_argument("--section", choices=("all", "legacy", "multi-region"), default="all")
+    ap.add_argument("--market", action="append", choices=tuple(REGION_MARKETS), default=None,
+                    help="only this multi-region market (repeatable; default: all three)")
     args = ap.parse_args()
     ORACLE["requested"] = args.oracle
     n = args.starts or (12 if args.quick else 300)
@@ -260,7 +262,7 @@ def main() -> None:
     if args.section in ("all", "multi-region"):
         span_s = (TRACE_DAYS - 1) * 86400 - REGION_RUN_H * max(REGION_RATIOS) * 3600
         starts = [float(x) for x in np.random.default_rng(2025).uniform(0, span_s, n_region)]
-        fig = _region_cells(starts, args.procs)
+        fig = _region_cells(starts, args.procs, tuple(args.market or REGION_MARKETS))
         print(f"# multi-region: {n_region} starts per cell, egress from {_egress_source()}")
         targets.update(_region_targets(fig))
         out.update({"multi_region": fig, "multi_region_starts": n_region, "egress_usd_per_gb": EGRESS_USD_PER_GB,
