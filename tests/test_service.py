@@ -47,8 +47,9 @@ def test_sigkilled_controller_recovers_and_job_finishes(spotrain_home: Path, tmp
         job_id = job["job_id"]
         running = wait_state(job_id, {"RUNNING"})
         assert running["workers"]
-        table = run_cli("status")
-        assert table.returncode == 0 and job_id in table.stdout and "spot" in table.stdout
+        # Wide enough for the WORKERS summary of two zones (at 80 columns it reads "2 workers").
+        table = run_cli("status", env={"COLUMNS": "200"})
+        assert table.returncode == 0 and job_id in table.stdout and "spot" in table.stdout, table.stdout
 
         ctl.send_signal(signal.SIGKILL)
         ctl.wait()
