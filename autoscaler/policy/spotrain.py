@@ -156,15 +156,16 @@ class SpotrainPolicy:
 
 
 def drop_slow_moves(ctx: PlanContext, allowed: list[Candidate], st: DeadlineState) -> list[Candidate]:
-    """Drop candidates whose downtime beyond the least any allowed candidate needs (the transfer of
-    the job's state to another region or cloud) would take the slack below the Safety Net: that move
-    is no way to progress, the job would finish on demand (issue 23: a 4 TB checkpoint's hour of
-    transfer at the reserve). Money alone (``drop_dear_moves``) does not see it."""
-    if not allowed:
-        return allowed
-    down = [ctx.move(c.placements, c.price_usd_per_hour).downtime_s for c in allowed]
-    least = min(down)
-    return [c for c, t in zip(allowed, down) if t <= least or st.slack_s - t >= st.safety_s]
+    """Drop moves that carry the job's state to another region or cloud when their downtime (the
+    restart and the transfer) would take the slack below the Safety Net: such a move is no way to
+    progress, the job would finish on demand (issue 23: a 4 TB checkpoint's hour of transfer at the
+    reserve). Money alone (``drop_dear_moves``) does not see it. A restart where the state is stays
+    the deadline rules' call; when only such moves are allowed, they stay."""
+    def ok(c: Candidate) -> bool:
+        mc = ctx.move(c.placements, c.price_usd_per_hour)
+        return mc.transfer_s <= 0 or st.slack_s - mc.downtime_s >= st.safety_s
+
+    return [c for c in allowed if ok(c)] or allowed
 
 
 def _memo_key(job: JobView, eligibility: tuple[object, ...]) -> tuple[object, ...]:
