@@ -68,7 +68,6 @@ from .spotrain_candidates import (
     Candidate,
     JobPlan,
     MarketView,
-    PlanContext,
     age_h,
     candidate_placements,
     fallback_rate,
@@ -76,7 +75,7 @@ from .spotrain_candidates import (
     score_candidates,
 )
 from .spotrain_choice import budget_filter, drop_dear_moves, rank, stick_or_switch
-from .spotrain_deadline import DeadlineState, deadline_filter, deadline_state
+from .spotrain_deadline import deadline_filter, deadline_state
 
 __all__ = ["Candidate", "JobPlan", "MarketView", "PolicyParams", "SpotrainPolicy", "allocate_jointly", "market_view", "plan_job"]
 
@@ -153,19 +152,6 @@ class SpotrainPolicy:
                 hit = memo[mk] = plan_job(job, inp, elig_cache[ck], views, hazards, lifes_h, shared, params=self.params)
             plans.append(hit if hit.job_id == job.job_id else dataclasses.replace(hit, job_id=job.job_id))
         return allocate_jointly(plans, inp, by_key)
-
-
-def drop_slow_moves(ctx: PlanContext, allowed: list[Candidate], st: DeadlineState) -> list[Candidate]:
-    """Drop moves that carry the job's state to another region or cloud when their downtime (the
-    restart and the transfer) would take the slack below the Safety Net: such a move is no way to
-    progress, the job would finish on demand (issue 23: a 4 TB checkpoint's hour of transfer at the
-    reserve). Money alone (``drop_dear_moves``) does not see it. A restart where the state is stays
-    the deadline rules' call; when only such moves are allowed, they stay."""
-    def ok(c: Candidate) -> bool:
-        mc = ctx.move(c.placements, c.price_usd_per_hour)
-        return mc.transfer_s <= 0 or st.slack_s - mc.downtime_s >= st.safety_s
-
-    return [c for c in allowed if ok(c)] or allowed
 
 
 def _memo_key(job: JobView, eligibility: tuple[object, ...]) -> tuple[object, ...]:
@@ -247,8 +233,6 @@ def plan_job(
     # test (waiting for a cheaper offering is weighed against what the job would really take).
     options_now = drop_dear_moves(ctx, scored, scored, can_wait=True) if st.mode == "ahead" else scored
     allowed, reason, wake = deadline_filter(ctx, options_now, st)
-    if st.mode in ("ahead", "behind"):
-        allowed = drop_slow_moves(ctx, allowed, st)
     if st.mode in ("ahead", "free"):
         # With slack above the reserve (or no deadline), waiting for spot where the state is costs
         # nothing but slack: a move must beat that too.

@@ -98,16 +98,3 @@ def test_a_large_checkpoint_waits_at_home_rather_than_take_the_dear_zone() -> No
     # Without state to carry, the cheap zone away is the best option: the job goes there.
     light = dataclasses.replace(job, checkpoint_size_gb=0.0, state_location=None)
     assert _decide(light, offers, history, 2 * H) == [AWAY.key]
-
-
-def test_no_move_whose_transfer_would_take_the_slack_below_the_safety_net() -> None:
-    """200 GB of state in us-east-1, slack at the reserve (36 minutes; the Safety Net is 34): the cheap
-    zone away is cheaper even with its $4 of egress, but its 200 s of transfer on top of the restart
-    would leave the slack below the Safety Net, so the job would finish on demand. It takes the dear
-    zone at home; main moved (and on the benchmark's 4 TB cells then sat on demand for 15 h)."""
-    offers = [dataclasses.replace(CHEAP, spot_available=0), DEAR, AWAY]
-    job = _job(14.0, 14.6, state_location="aws/us-east-1", checkpoint_size_gb=200.0)
-    assert _decide(job, offers, {}, 0.0) == [DEAR.key]
-    # With no state to carry, both cost the same restart: the cheaper zone away wins.
-    light = _job(14.0, 14.6)
-    assert _decide(light, offers, {}, 0.0) == [AWAY.key]
