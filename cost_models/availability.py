@@ -92,31 +92,11 @@ def believed_full_until_s(ev: RoomEvidence, *, prior: float = PRIOR_ROOM_PROBABI
 
 def observe(ev: RoomEvidence, now_s: float, room: bool) -> RoomEvidence:
     """The evidence after observing room (a launch succeeded, instances run) or none (a capacity
-    error, a preemption) at ``now_s``. A success after a spell without room records the spell
-    (``spell_length_s``)."""
+    error, a preemption) at ``now_s``. A success after a spell without room records the spell."""
     if room:
         spells = ev.full_spells_s
         if ev.full_since_s is not None:
-            spells = (*spells, spell_length_s(ev, now_s))[-MAX_SPELLS:]
+            spells = (*spells, max(0.0, now_s - ev.full_since_s))[-MAX_SPELLS:]
         return RoomEvidence(True, max(ev.last_seen_s, now_s) if ev.last_seen_room else now_s, spells, None)
     since = ev.full_since_s if ev.full_since_s is not None else now_s
     return RoomEvidence(False, now_s, ev.full_spells_s, since)
-
-
-def spell_length_s(ev: RoomEvidence, success_s: float) -> float:
-    """The length to record for the spell without room that a success at ``success_s`` ended.
-
-    The spell is known to have lasted from its first refusal (or preemption) to the last one seen
-    (``ev.last_seen_s``); it ended somewhere between that and the success. Only the part of that gap
-    the controller would have been looking in says anything: past about one memory after the last
-    refusal the offering was worth trying again, so a longer gap means nobody tried (the job ran
-    happily elsewhere), not that the market stayed full. The end is taken halfway into the gap,
-    the gap capped at the memory so far. Counting the whole gap instead (the first refusal to the
-    next success) made an offering the job had not needed for half a day look full for half a day,
-    so it was believed full for most of the next day too and its returns were missed (issue 23)."""
-    if ev.full_since_s is None:
-        return 0.0
-    last_full_s = ev.last_seen_s if ev.last_seen_room is False else ev.full_since_s
-    known_s = max(0.0, last_full_s - ev.full_since_s)
-    gap_s = max(0.0, success_s - last_full_s)
-    return known_s + 0.5 * min(gap_s, memory_s(ev.full_spells_s))

@@ -87,20 +87,12 @@ def test_belief_fades_from_the_last_observation_back_to_the_prior() -> None:
     assert believed_full_until_s(seen) is None
 
 
-def test_spells_without_room_are_measured_from_the_first_refusal_to_about_the_next_success() -> None:
-    # Known full from 0 to the last refusal at 600 s; it ended somewhere in the 3,600 s before the
-    # success: half that gap, capped at the memory so far (the prior's 1,800 s), is counted.
+def test_spells_without_room_are_measured_from_the_first_refusal_to_the_next_success() -> None:
     ev = observe(observe(observe(RoomEvidence(), 0.0, False), 600.0, False), 4200.0, True)
-    assert ev.full_spells_s == (600.0 + PRIOR_FULL_SPELL_S / 2,) and ev.full_since_s is None
-    assert memory_s(ev.full_spells_s) == pytest.approx((PRIOR_FULL_SPELL_S + 1500.0) / 2)
-    # A longer remembered spell (refused every 10 minutes for an hour) keeps a refused offering
-    # believed full for longer.
-    dense = RoomEvidence()
-    for t in range(0, 3601, 600):
-        dense = observe(dense, float(t), False)
-    dense = observe(dense, 4200.0, True)
-    assert dense.full_spells_s == (3600.0 + 300.0,)
-    short, long_ = observe(RoomEvidence(), 0.0, False), observe(dense, 5000.0, False)
+    assert ev.full_spells_s == (4200.0,) and ev.full_since_s is None
+    assert memory_s(ev.full_spells_s) == pytest.approx((PRIOR_FULL_SPELL_S + 4200.0) / 2)
+    # A longer remembered spell keeps a refused offering believed full for longer.
+    short, long_ = observe(RoomEvidence(), 0.0, False), observe(ev, 5000.0, False)
     assert (believed_full_until_s(long_) or 0) - 5000.0 > (believed_full_until_s(short) or 0) - 0.0
     with pytest.raises(ValueError):
         RoomEvidence(False, 0.0, (-1.0,))

@@ -3,9 +3,6 @@ and outages last about an hour next to a dear zone that is up for days. A job wi
 for (and return to) the cheap zones; main sat on the dear one for hours because of what it believed
 about the cheap ones' outages:
 
-- A spell without room was measured from the first refused launch to the next success, however long
-  the controller had not looked in between (the job ran happily elsewhere): a zone left alone for
-  13 h was remembered as full for 13 h, so after its next refusal it was not tried again for ~8 h.
 - Where nobody watches the market (a real cloud), the policy's mean outage was the prior (6 h)
   whatever the launches had measured, so a job with 10 h of slack stopped waiting for a cheap zone
   and started on the dear one.
@@ -23,7 +20,6 @@ from autoscaler.fleet.market_watch import RoomWatcher
 from autoscaler.policy import JobView, MarketHistory, PolicyInput
 from autoscaler.policy.spotrain import SpotrainPolicy, market_view
 from cloud_providers.base import Offering
-from cost_models.availability import PRIOR_FULL_SPELL_S, RoomEvidence, believed_full_until_s, observe
 
 H = 3600.0
 LAG = 600.0
@@ -42,21 +38,6 @@ def _decide(job: JobView, offers: list[Offering], history: dict[str, MarketHisto
     a = SpotrainPolicy().decide(PolicyInput(now_s=now_s, jobs=[job], offerings=offers, history=history,
                                             decision_interval_s=LAG))[0]
     return [p.offering_key for p in a.placements]
-
-
-def test_a_gap_nobody_looked_in_is_not_remembered_as_a_long_spell() -> None:
-    """Refused once, then left alone for 13 h (the job ran elsewhere); the next launch there worked.
-    The spell is known to have lasted from the refusal to the last refusal (0 s here) and ended
-    somewhere in the 13 h: half the gap, capped at the memory so far, is counted. After a new refusal
-    the zone is worth trying again within the hour (main: after about 10 h)."""
-    ev = observe(observe(RoomEvidence(), 0.0, False), 13 * H, True)
-    assert len(ev.full_spells_s) == 1 and ev.full_spells_s[0] <= PRIOR_FULL_SPELL_S
-    refused = observe(ev, 14 * H, False)
-    until = believed_full_until_s(refused)
-    assert until is not None and until - 14 * H < H
-    # Refusals seen all along measure the spell: from the first to the last, plus half the last gap.
-    dense = observe(observe(observe(RoomEvidence(), 0.0, False), 1800.0, False), 2400.0, True)
-    assert dense.full_spells_s == (1800.0 + 300.0,)
 
 
 def test_waits_for_the_cheap_zone_whose_measured_outages_are_short() -> None:
