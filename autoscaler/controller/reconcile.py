@@ -180,7 +180,7 @@ def tick(ctx: Context, *, contain: bool = True) -> None:
             ctx.rooms.holding(key, now_s)
         # Where the provider reports no room (a real cloud), the policy sees what was observed.
         inp = PolicyInput(now_s=now_s, jobs=views, offerings=ctx.rooms.believed(offerings, held_spot, now_s),
-                          history=ctx.rooms.merge(ctx.market.merge(seen)),
+                          history=ctx.market.merge(seen),
                           decision_interval_s=ctx.tick_s * ctx.clock_rate)
         allocations = {a.job_id: a for a in ctx.policy.decide(inp)}
         wakes = [a.next_decision_s for a in allocations.values() if a.next_decision_s is not None]

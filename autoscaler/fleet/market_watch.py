@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 
 from autoscaler.policy import MarketHistory
 from cloud_providers.base import Offering
-from cost_models.availability import RoomEvidence, believed_full, believed_full_until_s, memory_s, observe
+from cost_models.availability import RoomEvidence, believed_full, believed_full_until_s, observe
 
 MAX_COUNT = 8
 
@@ -133,16 +133,6 @@ class RoomWatcher:
 
     def evidence(self) -> dict[str, RoomEvidence]:
         return dict(self._ev)
-
-    def merge(self, history: Mapping[str, MarketHistory]) -> dict[str, MarketHistory]:
-        """``history`` with the mean spell without room measured on each offering where at least one
-        spell ended (``full_spell_mean_s``): a real cloud's only measure of how long its outages last,
-        which the policy uses where nobody watched the market (issue 23)."""
-        out = dict(history)
-        for key, ev in self._ev.items():
-            if ev.full_spells_s:
-                out[key] = dataclasses.replace(out.get(key, MarketHistory(key)), full_spell_mean_s=memory_s(ev.full_spells_s))
-        return out
 
     def believed(self, offerings: Iterable[Offering], held: Mapping[str, int], now_s: float) -> list[Offering]:
         """``offerings`` as the policy should see them: where the provider reports no room (a real

@@ -111,10 +111,6 @@ class MarketHistory:
     available_s_at_least: tuple[float, ...] = ()
     drops: int = 0
     available_since_s: float | None = None
-    # Where the provider reports no room (a real cloud): the mean spell without room that this
-    # controller's own refused launches and preemptions measured (``cost_models.availability``'s
-    # memory; None: no spell measured yet). What the policy expects an outage to last there.
-    full_spell_mean_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,20 +81,13 @@ __all__ = ["Candidate", "JobPlan", "MarketView", "PolicyParams", "SpotrainPolicy
 
 
 def market_view(o: Offering, h: MarketHistory | None) -> MarketView:
-    """The offering's hazard, mean outage and share of time with room. Where nobody watched the
-    market (a real cloud reports no room), the mean outage is the spell without room this
-    controller's own launches measured, once one has: the prior (hours) would have a job wait far
-    longer for a cheap volatile market than its outages last (issue 23)."""
     if h is None:
         ev = hz.HazardEvidence()
     else:
         avail = h.available_s_at_least[0] if h.available_s_at_least else 0.0
         ev = hz.HazardEvidence(held_hours=h.spot_seconds_held / 3600, preemptions=h.preemptions,
                                watched_hours=h.watched_s / 3600, available_hours=avail / 3600, drops=h.drops)
-    outage_s = hz.mean_outage_hours(ev) * 3600
-    if h is not None and h.watched_s <= 0 and h.full_spell_mean_s is not None:
-        outage_s = h.full_spell_mean_s
-    return MarketView(hz.hazard_per_hour(ev), outage_s, hz.available_fraction(ev))
+    return MarketView(hz.hazard_per_hour(ev), hz.mean_outage_hours(ev) * 3600, hz.available_fraction(ev))
 
 
 class _KeyedOffering(Offering):

@@ -296,7 +296,7 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
         w = history.get(k)
         history[k] = base if w is None else dataclasses.replace(w, spot_seconds_held=base.spot_seconds_held,
                                                                 preemptions=base.preemptions)
-    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=shown, history=r.rooms.merge(history),
+    inp = PolicyInput(now_s=r.t, jobs=(view,), offerings=shown, history=history,
                       decision_interval_s=sim.grid_s)
     return policy.decide(inp)[0]
 

@@ -1,13 +1,9 @@
-"""Issue 23, the "volatile cheap + stable dear" market without the oracle: cheap spot zones whose runs
-and outages last about an hour next to a dear zone that is up for days. A job with slack should wait
-for (and return to) the cheap zones; main sat on the dear one for hours because of what it believed
-about the cheap ones' outages:
-
-- Where nobody watches the market (a real cloud), the policy's mean outage was the prior (6 h)
-  whatever the launches had measured, so a job with 10 h of slack stopped waiting for a cheap zone
-  and started on the dear one.
-- With a large checkpoint, the patience test compared against cheap zones in another region whose
-  move was then dropped as dearer than waiting: the job took the dear zone at home instead.
+"""Issue 23, the "volatile cheap + stable dear" market with large checkpoints: cheap spot zones whose
+runs and outages last about an hour next to a dear zone that is up for days. A job ahead of its
+deadline waits for a cheaper zone when the wait fits in its slack; with a large checkpoint main
+weighed that wait against cheap zones in another region, whose move ``drop_dear_moves`` then removed
+as dearer than waiting at home - so, seeing nothing cheaper to wait for, the job started on the dear
+zone at home and stayed there (4 TB cells: +90-101 % above omniscient at deadline ratios 2-3).
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ import dataclasses
 
 from conftest import make_spec
 
-from autoscaler.fleet.market_watch import RoomWatcher
 from autoscaler.policy import JobView, MarketHistory, PolicyInput
 from autoscaler.policy.spotrain import SpotrainPolicy, market_view
 from cloud_providers.base import Offering
@@ -38,30 +33,6 @@ def _decide(job: JobView, offers: list[Offering], history: dict[str, MarketHisto
     a = SpotrainPolicy().decide(PolicyInput(now_s=now_s, jobs=[job], offerings=offers, history=history,
                                             decision_interval_s=LAG))[0]
     return [p.offering_key for p in a.placements]
-
-
-def test_waits_for_the_cheap_zone_whose_measured_outages_are_short() -> None:
-    """No oracle: the cheap zone's launches measured outages of about 40 minutes, and it was refused
-    10 minutes ago; the dear zone is untried. With 10 h of slack on 14 h of work the job waits for
-    the cheap zone. Without the measured spells (the prior's 6 h outage) it starts on the dear one."""
-    rooms = RoomWatcher()
-    t = 0.0
-    for _ in range(4):  # four spells of ~40 minutes, probed every 10 minutes
-        for k in range(4):
-            rooms.saw(CHEAP.key, t + k * LAG, False)
-        rooms.saw(CHEAP.key, t + 4 * LAG, True)
-        t += 3 * H
-    now = t + LAG
-    rooms.saw(CHEAP.key, now - LAG, False)
-    offers = rooms.believed([CHEAP, DEAR], {}, now)
-    assert {o.key: o.spot_available for o in offers} == {CHEAP.key: 0, DEAR.key: None}
-    history = rooms.merge({})
-    spell_s = history[CHEAP.key].full_spell_mean_s
-    assert spell_s is not None and spell_s < H
-    assert market_view(CHEAP, history[CHEAP.key]).mean_outage_s == spell_s
-    job = _job(14.0, 24.0, submitted_s=now)
-    assert _decide(job, offers, history, now) == []
-    assert _decide(job, offers, {}, now) == [DEAR.key]
 
 
 def test_a_large_checkpoint_waits_at_home_rather_than_take_the_dear_zone() -> None:
