@@ -10,8 +10,9 @@ the last observation, fading back to a prior as it ages:
 
 with ``seen`` 1 after a success and 0 after a refusal or a preemption. ``memory_s`` is how long the
 market remembers: the mean length of a spell without room, a Gamma-style posterior mean of the
-spells observed (from a refusal or preemption to the next success) with a prior spell weighted as
-one. An offering is believed full while ``p < try_threshold`` and otherwise worth trying: a launch
+spells observed (from a refusal or preemption to half-way between the last refusal and the next
+success: when the spell ended is known only to that interval) with a prior spell weighted as one.
+An offering is believed full while ``p < try_threshold`` and otherwise worth trying: a launch
 attempt is the probe (a refused one costs nothing on AWS or GCP), and its outcome is the next
 observation.
 """
@@ -92,11 +93,18 @@ def believed_full_until_s(ev: RoomEvidence, *, prior: float = PRIOR_ROOM_PROBABI
 
 def observe(ev: RoomEvidence, now_s: float, room: bool) -> RoomEvidence:
     """The evidence after observing room (a launch succeeded, instances run) or none (a capacity
-    error, a preemption) at ``now_s``. A success after a spell without room records the spell."""
+    error, a preemption) at ``now_s``. A success after a spell without room records the spell.
+
+    The spell ended somewhere between the last refusal and this success (interval-censored): it is
+    recorded as ending half-way. Counting it up to the success would feed back - an offering is
+    retried only once believed worth it again (``believed_full_until_s``: 1.25 memories after a
+    refusal with the defaults), so every spell would measure at least that long, the memory would
+    grow with each one and the offering be retried ever later, while the market had room long since."""
     if room:
         spells = ev.full_spells_s
         if ev.full_since_s is not None:
-            spells = (*spells, max(0.0, now_s - ev.full_since_s))[-MAX_SPELLS:]
+            ended_s = (ev.last_seen_s + now_s) / 2.0 if ev.last_seen_room is False else now_s
+            spells = (*spells, max(0.0, ended_s - ev.full_since_s))[-MAX_SPELLS:]
         return RoomEvidence(True, max(ev.last_seen_s, now_s) if ev.last_seen_room else now_s, spells, None)
     since = ev.full_since_s if ev.full_since_s is not None else now_s
     return RoomEvidence(False, now_s, ev.full_spells_s, since)

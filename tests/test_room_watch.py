@@ -87,15 +87,37 @@ def test_belief_fades_from_the_last_observation_back_to_the_prior() -> None:
     assert believed_full_until_s(seen) is None
 
 
-def test_spells_without_room_are_measured_from_the_first_refusal_to_the_next_success() -> None:
+def test_spells_without_room_end_half_way_between_the_last_refusal_and_the_next_success() -> None:
     ev = observe(observe(observe(RoomEvidence(), 0.0, False), 600.0, False), 4200.0, True)
-    assert ev.full_spells_s == (4200.0,) and ev.full_since_s is None
-    assert memory_s(ev.full_spells_s) == pytest.approx((PRIOR_FULL_SPELL_S + 4200.0) / 2)
+    # The spell began at the first refusal and ended somewhere in (600 s, 4200 s]: half-way.
+    assert ev.full_spells_s == (2400.0,) and ev.full_since_s is None
+    assert memory_s(ev.full_spells_s) == pytest.approx((PRIOR_FULL_SPELL_S + 2400.0) / 2)
     # A longer remembered spell keeps a refused offering believed full for longer.
     short, long_ = observe(RoomEvidence(), 0.0, False), observe(ev, 5000.0, False)
     assert (believed_full_until_s(long_) or 0) - 5000.0 > (believed_full_until_s(short) or 0) - 0.0
     with pytest.raises(ValueError):
         RoomEvidence(False, 0.0, (-1.0,))
+
+
+def test_retrying_only_when_worth_it_does_not_stretch_the_memory() -> None:
+    """Issue 23 (the flapping market): an offering is retried only once the belief says it is worth
+    it, so a spell counted up to the next success always measured at least that long; each one made
+    the memory longer and the next retry later (main: a market out for 10 minutes at a time was
+    retried 38 minutes after the first refusal and 57 after the eighth, the job idle while it had room). Counted to
+    half-way between the last refusal and the success, the memory shrinks towards what the retries
+    show."""
+    ev, t = RoomEvidence(), 0.0
+    waits = []
+    for _ in range(8):
+        ev = observe(ev, t, False)  # refused (or preempted): the market is out for 10 minutes
+        retry = believed_full_until_s(ev)
+        assert retry is not None
+        waits.append(retry - t)
+        t = retry
+        ev = observe(ev, t, True)  # the first retry succeeds: room came back long before
+        t += 3600.0
+    assert waits[-1] < waits[0], waits
+    assert memory_s(ev.full_spells_s) < PRIOR_FULL_SPELL_S
 
 
 def test_watcher_shows_believed_full_offerings_with_only_what_is_held() -> None:

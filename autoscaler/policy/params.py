@@ -124,6 +124,10 @@ class PolicyParams:
     # the expected stay pays this many times the move's cost and the slack after the move still
     # covers one more restart above the Safety Net. Multiple of the move's cost.
     reprice_margin: float = _f(3.0, 0.5, 1000.0)
+    # Among candidates as fast as the best, one that keeps the job's state in its region (and cloud)
+    # is preferred to a move while its goodput per dollar is within this share of the best (issue
+    # 23: forced restarts after preemptions should not wander between regions). Share, 0..1.
+    home_tolerance: float = _f(0.1, 0.0, 1.0)
     # Hysteresis that counts the moves already made (issue 23: no thrash): each move of the job's
     # state to another region or cloud raises what the next voluntary move must save by this share
     # of its cost (and the egress a forced restart elsewhere weighs in the score). Share per move.
@@ -217,6 +221,7 @@ TUNING_RANGES: dict[str, Range | None] = {
     "big_cushion_cycles": Range(0.0, 6.0),
     "reprice_margin": Range(1.0, 8.0),
     "move_hysteresis": Range(0.0, 2.0),
+    "home_tolerance": Range(0.0, 0.3),
     "rebatch_min_gain": None,
     "rebatch_payback_restarts": None,
 }

@@ -222,7 +222,10 @@ def plan_job(
     cands = candidate_placements(ctx, shared)
     st = deadline_state(ctx, fallback_rate(ctx, cands))
     scored = score_candidates(ctx, cands)
-    allowed, reason, wake = deadline_filter(ctx, scored, st)
+    # Ahead, the moves dropped below as dearer than waiting are no option either for the patience
+    # test (waiting for a cheaper offering is weighed against what the job would really take).
+    options_now = drop_dear_moves(ctx, scored, scored, can_wait=True) if st.mode == "ahead" else scored
+    allowed, reason, wake = deadline_filter(ctx, options_now, st)
     if st.mode in ("ahead", "free"):
         # With slack above the reserve (or no deadline), waiting for spot where the state is costs
         # nothing but slack: a move must beat that too.

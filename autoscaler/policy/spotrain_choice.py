@@ -128,11 +128,22 @@ def cheapest_finish_usd(ctx: PlanContext, scored: Sequence[Candidate]) -> float:
 
 def rank(ctx: PlanContext, allowed: list[Candidate]) -> list[Candidate]:
     """Best goodput per dollar first; among candidates within ``faster_tolerance`` of the best, the
-    faster one wins (a job that finishes sooner is exposed to fewer preemptions and frees its quota).
+    faster one wins (a job that finishes sooner is exposed to fewer preemptions and frees its quota),
+    and at the same speed one that keeps the job's state where it is beats one within
+    ``home_tolerance`` of its score that carries it to another region or cloud (issue 23: after a
+    preemption a zone next to the state is as good a guess as one far away, and restarting there
+    moves nothing; the scores of zones alike differ only by noise in their learned hazards).
     Ties end on the placements, so the order never depends on how candidates were listed."""
     best = max((c.score for c in allowed), default=0.0)
     cut = best * (1 - ctx.params.faster_tolerance)
-    return sorted(allowed, key=lambda c: ((0, -round(c.rate, 12), -c.score) if c.score >= cut else (1, 0.0, -c.score),
+    home_cut = best * (1 - ctx.params.home_tolerance)
+
+    def stays(c: Candidate) -> int:
+        moves = ctx.state_location is not None and ctx.location(c.placements) != ctx.state_location
+        return 0 if not moves and c.score >= home_cut else 1
+
+    return sorted(allowed, key=lambda c: ((0, -round(c.rate, 12), stays(c), -c.score) if c.score >= cut
+                                          else (1, 0.0, 0, -c.score),
                                           [(p.offering_key, p.market, p.instances) for p in c.placements]))
 
 

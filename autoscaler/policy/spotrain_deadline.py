@@ -23,6 +23,7 @@ from cloud_providers.base import ON_DEMAND, SPOT, Offering
 from cost_models import objective
 from cost_models.scaling import Scaling
 
+from .base import Placement
 from .jobmath import gang_rate
 from .spotrain_candidates import (
     BEHIND,
@@ -173,9 +174,12 @@ def _ahead(ctx: PlanContext, scored: list[Candidate], st: DeadlineState) -> tupl
         # is small against the work left (wait_slack_value x fallback time / spare slack).
         slack_value = p.wait_slack_value * objective.fallback_time_s(ctx.w_rem, st.fallback_rate) / max(spare_s, 1.0)
         cheaper = []
+        options = {p.offering_key for c in scored for p in c.placements}
         for o in ctx.usable:
             if o.key not in ctx.views or o.spot_price_usd_per_hour is None:
                 continue
+            if o.key not in options and _carries_state(ctx, o):
+                continue  # a move there was dropped as dearer than what is at hand (or unknown)
             price, out_s = spot_price_per_work(o, ctx.scaling), ctx.views[o.key].mean_outage_s
             # Waiting out_s for o, or taking the best now and moving to o when it is back (a
             # restart, and the premium meanwhile): wait when that costs more than the slack.
@@ -187,6 +191,12 @@ def _ahead(ctx: PlanContext, scored: list[Candidate], st: DeadlineState) -> tupl
             reason = "slack above the reserve: waiting for a cheaper spot offering"
             wake = min(wake if wake is not None else math.inf, now + max(lag, wait_s))
     return allowed, reason, wake
+
+
+def _carries_state(ctx: PlanContext, o: Offering) -> bool:
+    """Whether a gang on ``o`` would carry a non-empty state to another region or cloud."""
+    return (ctx.state_location is not None and ctx.size_gb > 0
+            and ctx.location([Placement(o.key, SPOT, 1)]) != ctx.state_location)
 
 
 def price_ratio(scored: Sequence[Candidate]) -> float:

@@ -125,6 +125,28 @@ def test_no_thrash_on_a_flapping_four_zone_set(deadline_h: float | None) -> None
     assert ours.cost_usd <= 1.2 * omni.cost_usd  # type: ignore[attr-defined]
 
 
+def _home_trace() -> MarketTrace:
+    """Two regions of two zones at one price. Only us-west1-a has room until 1 h; then it is out and
+    the three others have room to the end."""
+    zones = [("us-central1", "us-central1-a"), ("us-central1", "us-central1-b"), ("us-west1", "us-west1-a"),
+             ("us-west1", "us-west1-b")]
+    rows = [_row(0, reg, z, 0.80, 1 if z == "us-west1-a" else 0) for reg, z in zones]
+    rows += [_row(1 * H, reg, z, 0.80, 0 if z == "us-west1-a" else 1) for reg, z in zones]
+    rows += [_row(60 * H, reg, z, 0.80, 0 if z == "us-west1-a" else 1) for reg, z in zones]
+    return MarketTrace.parse(HEADER + "".join(rows), source="home")
+
+
+@pytest.mark.parametrize("size_gb", [0, 50])
+def test_a_forced_restart_stays_in_the_region_holding_the_state(size_gb: float) -> None:
+    """After a preemption a zone next to the state is as good a guess as one in another region;
+    main restarted in the first by name (us-central1-a), a region move (the 4-zone flapping market
+    of issue 23 moved 9-12 times per job that way, omniscient 1-4)."""
+    rec, ours, _ = _run(_home_trace(), _spec(4, 12, size_gb=size_gb))
+    assert ours.deadline_met and ours.state == "SUCCEEDED"  # type: ignore[attr-defined]
+    assert _region_moves(rec.log) == 0, rec.log
+    assert any("us-west1-b" in p for _, placed in rec.log for p in placed), rec.log
+
+
 def test_checkpoint_size_changes_the_choice() -> None:
     trace = _freeze_trace()
     light, light_res, _ = _run(trace, _spec(48, 50.4, size_gb=0))
@@ -150,7 +172,9 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
     from autoscaler.simulator.world import World
     from autoscaler.state import InstanceRow, Job
 
-    spec = _spec(48, 50.4, size_gb=100)  # $2 a move between the two GCP regions: the job still moves
+    # $0.40 a move between the two GCP regions: the job still moves (with 100 GB it now rides the
+    # cheap zone's outage out where its state is, for less).
+    spec = _spec(48, 50.4, size_gb=20)
     sim = Simulation(_freeze_trace(), spec)
     job = make_sim_job(spec, restart_overhead_s=720)
     fast = run_named(sim, job, "spotrain", 0.0)
@@ -161,7 +185,7 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
     world.run(horizon_s=60 * H)
     o = world.outcome(job_id)
     assert (o.region_moves, o.egress_usd) == (fast.region_moves, pytest.approx(fast.egress_usd))
-    assert fast.region_moves >= 1 and fast.egress_usd == pytest.approx(fast.region_moves * 2.0)
+    assert fast.region_moves >= 1 and fast.egress_usd == pytest.approx(fast.region_moves * 0.4)
     assert o.cost_usd == pytest.approx(fast.cost_usd, rel=0.005)
     with world.store.session() as s:
         row = s.get(Job, job_id)
@@ -172,7 +196,7 @@ def test_the_controller_bills_egress_as_the_fast_path_does_and_status_shows_it()
     assert j["egress_usd"] == pytest.approx(o.egress_usd) and j["region_moves"] == o.region_moves
     assert j["cost_usd"] == pytest.approx(instances_usd + o.egress_usd)  # egress is in the job's cost
     assert f"egress ${o.egress_usd:,.4f} for {o.region_moves} move(s)" in summary(j)
-    assert any(kind == "moved" and "100 GB" in reason for _, kind, _, reason in world.events(job_id))
+    assert any(kind == "moved" and "20 GB" in reason for _, kind, _, reason in world.events(job_id))
     # The report picture's cumulative cost steps up by the egress where the state moved.
     from autoscaler.client.report import cumulative_cost, gather
 
@@ -198,11 +222,11 @@ def test_size_gb_is_checked_at_the_edge_and_simulate_json_shows_egress(tmp_path:
                           _row(1 * H, "us-east1", "us-east1-b", 0.92, 0), _row(3 * H, "us-east1", "us-east1-b", 0.92, 1))))
     job = tmp_path / "job.yaml"
     job.write_text("name: j\nrun: x\nresources: {accelerators: ['V100:1'], clouds: [gcp]}\n"
-                   "objective: {deadline: 50.4h}\ncheckpoint: {size_gb: 100}\nsimulate: {work_gpu_hours: 48}\n")
+                   "objective: {deadline: 50.4h}\ncheckpoint: {size_gb: 20}\nsimulate: {work_gpu_hours: 48}\n")
     out = run_cli("simulate", "--trace", str(trace), "--job", str(job), "--restart-overhead-hours", "0.2", "--json")
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
-    assert row["region_moves"] >= 1 and row["egress_usd"] == pytest.approx(2.0 * row["region_moves"])
+    assert row["region_moves"] >= 1 and row["egress_usd"] == pytest.approx(0.4 * row["region_moves"])
 
 
 def test_the_controller_bills_the_measured_size_once_reported() -> None:
