@@ -14,14 +14,6 @@ from support import worker_pids
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# Long tests first: with two xdist workers stealing work, a minute-long test collected last would run
-# alone at the end while the other worker idles.
-_LONG_MARKS = ("e2e", "slow", "chaos")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: 0 if any(item.get_closest_marker(m) for m in _LONG_MARKS) else 1)
-
 
 @pytest.fixture()
 def spotrain_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

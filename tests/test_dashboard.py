@@ -163,9 +163,15 @@ def test_spotrain_dashboard_link_shows_output_and_cancels_in_headless_chromium(s
         assert job_id in driver.find_element(By.TAG_NAME, "h1").text
         output = driver.find_element(By.ID, "output").text
         assert re.search(r"rank 0: step \d+ of 4000", output), output[-500:]
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        def element(element_id: str):  # type: ignore[no-untyped-def]
+            # A click that submits a form returns before the next page has loaded.
+            return WebDriverWait(driver, 15).until(lambda d: (d.find_elements(By.ID, element_id) or [None])[0])
+
         driver.find_element(By.ID, "cancel").click()
-        driver.find_element(By.ID, "confirm-cancel").click()  # the confirmation page's POST, with its CSRF token
-        assert "cancelling" in driver.find_element(By.ID, "note").text
+        element("confirm-cancel").click()  # the confirmation page's POST, with its CSRF token
+        assert "cancelling" in element("note").text
         assert driver.current_url.endswith(f"/ui/jobs/{job_id}?note=cancelled")
         deadline = time.time() + 30
         while time.time() < deadline:

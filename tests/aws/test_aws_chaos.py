@@ -306,7 +306,11 @@ def test_sigkill_chaos_on_moto(spotrain_home: Path, tmp_path: Path) -> None:
         recoveries = recovery_counts(log_text)
         assert fault_crashes >= 1 and adopted_unrecorded >= 1, (fault_crashes, adopted_unrecorded)
         sweeps = [ast.literal_eval(m.group(1)) for m in SWEEP_LINE.finditer(log_text)]
-        assert sum(r["orphans_terminated"] for r in [*recoveries, *sweeps]) >= 1, (recoveries, sweeps)
+        # The orphan was terminated by a TerminateInstances call (recovery or a sweep; only a controller
+        # calls it). Its log line is not asserted: a SIGKILL can land between the call and the line.
+        ghost = next(i for i in instances if i["InstanceId"] == orphan)
+        assert ghost["State"]["Name"] == "terminated", ghost["State"]
+        assert ghost["StateReason"]["Code"].startswith("Client.UserInitiatedShutdown"), ghost["StateReason"]
         gangs = gang_records(spotrain_home / "localcloud" / controller_id / "executor")
         for (job_id, attempt), members in gangs.items():
             ports = {m["master_port"] for m in members}

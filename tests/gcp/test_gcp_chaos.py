@@ -306,7 +306,9 @@ def test_sigkill_chaos_on_the_gcp_fake(spotrain_home: Path, tmp_path: Path) -> N
         recoveries = [ast.literal_eval(m.group(1)) for m in RECOVERY_LINE.finditer(log_text)]
         assert fault_crashes >= 1 and adopted_unrecorded >= 1, (fault_crashes, adopted_unrecorded)
         sweeps = [ast.literal_eval(m.group(1)) for m in SWEEP_LINE.finditer(log_text)]
-        assert sum(r["orphans_terminated"] for r in [*recoveries, *sweeps]) >= 1, (recoveries, sweeps)
+        # The orphan was deleted by a controller's DELETE call (recovery or a sweep). Its log line is
+        # not asserted: a SIGKILL can land between the call and the line.
+        assert compute.count("DELETE", rf"/instances/{orphan}$") >= 1, "the orphan was never deleted"
         gangs = gang_records(spotrain_home / "localcloud" / controller_id / "executor")
         for (job_id, attempt), members in gangs.items():
             ports = {m["master_port"] for m in members}
