@@ -174,7 +174,7 @@ def _ahead(ctx: PlanContext, scored: list[Candidate], st: DeadlineState) -> tupl
         # is small against the work left (wait_slack_value x fallback time / spare slack).
         slack_value = p.wait_slack_value * objective.fallback_time_s(ctx.w_rem, st.fallback_rate) / max(spare_s, 1.0)
         cheaper = []
-        options = {p.offering_key for c in scored for p in c.placements}
+        options = {pl.offering_key for c in scored for pl in c.placements}
         for o in ctx.usable:
             if o.key not in ctx.views or o.spot_price_usd_per_hour is None:
                 continue
