@@ -221,7 +221,15 @@ def test_fast_path_input_carries_only_observed_room() -> None:
     rec = Recording(CheapestPolicy())
     r = Simulation(TWO_ZONES, spec).run(job, rec, 0.0)
     assert _room(rec.inputs[0]) == {A: None, B: None}
-    assert _room(rec.inputs[1])[A] == 0 and rec.inputs[1].now_s == rec.inputs[0].now_s + 300.0
+    # The refused launch is news at the next decision (no later than the next tick), as a refusal.
+    t0 = rec.inputs[0].now_s
+    assert t0 < rec.inputs[1].now_s <= t0 + 300.0
+    assert rec.inputs[1].jobs[0].recent_capacity_failures.get(A + "|" + SPOT) == t0
+    # Every input shows 1a believed full (0) until the belief says it is worth a probe, then unknown.
+    until = believed_full_until_s(observe(RoomEvidence(), t0, False))
+    assert until is not None
+    assert all(_room(i)[A] == 0 for i in rec.inputs[1:] if i.now_s < until - 1e-6)
+    assert any(_room(i)[A] is None for i in rec.inputs[1:] if i.now_s > until + 1e-6)
     assert r.state == "SUCCEEDED" and r.preemptions == 0
     rec_o = Recording(CheapestPolicy())
     Simulation(TWO_ZONES, spec, oracle=True).run(job, rec_o, 0.0)
@@ -279,3 +287,35 @@ def test_spotrain_considers_a_much_cheaper_zone_whose_room_is_unknown() -> None:
                    held=(Held(B, SPOT, 1),))
     alloc = get_policy("spotrain").decide(PolicyInput(now_s=3600.0, jobs=(view,), offerings=offers))[0]
     assert [(p.offering_key.split("/")[0], p.market) for p in alloc.placements] == [("gcp", SPOT)], alloc
+
+
+# A cheaper zone out of room for 15 minutes, then back for the rest of the day; a dear one always
+# has room.
+CHEAP_BACK_SOON = MarketTrace.parse(",".join(HEADER) + "\n"
+                                    "0,aws,us-east-1,us-east-1a,p3.2xlarge,V100,1,0.9,3.06,0\n"
+                                    "0,aws,us-east-1,us-east-1b,p3.2xlarge,V100,1,2.0,3.06,1\n"
+                                    "900,aws,us-east-1,us-east-1a,p3.2xlarge,V100,1,0.9,3.06,1\n",
+                                    source="cheap zone back after 15 min")
+
+
+@pytest.mark.parametrize("world", [False, True], ids=["fast-path", "controller"])
+def test_a_refused_cheap_zone_is_tried_again_soon_after_its_room_returns(world: bool) -> None:
+    """Issue 23 (the volatile and flapping markets): a refused launch costs nothing, so a cheaper
+    zone is worth another attempt long before room is more likely than not. With the old threshold
+    (p >= 0.5: 1.25 memories, 38 minutes after one refusal) the job idled or ran on the dear zone
+    for most of the cheap zone's return (before: first on 1a at 2,555 s, both paths); it is now there
+    within two 5-minute ticks of the room coming back at 900 s."""
+    spec = _spec(deadline="24h")
+    rec = Recording(get_policy("spotrain"))
+    if world:
+        w = World(CHEAP_BACK_SOON, rec)
+        job_id = w.submit(spec, SimWorkload(work_s=7200.0, scaling=LinearScaling(), restart_overhead_s=300.0))
+        w.run(horizon_s=86400.0)
+        assert w.outcome(job_id).state == "SUCCEEDED" and w.outcome(job_id).deadline_met
+    else:
+        job = make_sim_job(spec, restart_overhead_s=300)
+        r = Simulation(CHEAP_BACK_SOON, spec).run(job, rec, 0.0)
+        assert r.state == "SUCCEEDED" and r.deadline_met and r.preemptions == 0
+    on_a = [i.now_s for i in rec.inputs if any(h.offering_key == A and h.instances > 0 for h in i.jobs[0].held)]
+    assert on_a, "the job never ran on the cheaper zone"
+    assert 900.0 < on_a[0] <= 900.0 + 2 * 300.0, on_a[0]

@@ -275,8 +275,9 @@ def _decide(sim: Simulation, job: SimJob, policy: Policy, r: _Run, offers: dict[
         recent_capacity_failures=dict(r.failures),
         scaling=job.scaling,
         since_checkpoint_s=r.run_since_ckpt % job.spec.checkpoint.interval_s if r.holdings else 0.0,
-        # Holding nothing, or just broken: a change of allocation costs no extra restart.
-        restarting=broken or not r.holdings or r.t <= r.stopping_until + 1e-9,
+        # Holding nothing, just broken, or too few instances for a gang (the cloud refused part of
+        # it, so none started): a change of allocation costs no extra restart.
+        restarting=broken or not r.holdings or r.t <= r.stopping_until + 1e-9 or _short(job, r, offers),
         state_location=r.location if r.progress > 0 else None,
         region_moves=r.region_moves,
     )
@@ -321,6 +322,12 @@ def _reported_progress(done: float, work: float) -> float:
     return progress
 
 
+def _short(job: SimJob, r: _Run, offers: dict[str, Offering]) -> bool:
+    """Whether what is held is too few GPUs for the job's gang (the cloud refused part of it): the
+    controller starts no gang on them (``allocate._gang_allowed``), so nothing runs or checkpoints."""
+    return sum(offers[k].gpus * n for (k, _), n in r.holdings.items()) < job.spec.workers.min
+
+
 def _target(alloc: Allocation, r: _Run, offers: dict[str, Offering]) -> tuple[dict[tuple[str, str], int], bool]:
     """What the allocation holds once the cloud has refused spot beyond its room, and whether it refused."""
     target: dict[tuple[str, str], int] = {}
@@ -348,7 +355,7 @@ def _advance(sim: Simulation, job: SimJob, r: _Run, offers: dict[str, Offering],
     """Bill and progress to the next event; True when the run has ended."""
     h = r.holdings
     rate = gang_rate(job.scaling, [(offers[k], n) for (k, _), n in h.items()])
-    if sum(offers[k].gpus * n for (k, _), n in h.items()) < job.spec.workers.min:
+    if _short(job, r, offers):
         # Fewer GPUs than the job needs (a gang the cloud refused in part): the controller starts no
         # gang on them (``allocate._gang_allowed``); they bill until the next decision lets them go.
         rate = 0.0
@@ -458,8 +465,9 @@ def _run(sim: Simulation, job: SimJob, policy: Policy, start: float, max_s: floa
             target = r.holdings
         if target != r.holdings:
             # A gang runs on what is held unless the last one is still exiting (the new one starts
-            # only then): a running gang checkpoints and exits before its instances go.
-            running = not broken and bool(r.holdings) and r.t > r.stopping_until + 1e-9
+            # only then) or too few instances were granted for one to start: a running gang
+            # checkpoints and exits before its instances go.
+            running = not broken and bool(r.holdings) and r.t > r.stopping_until + 1e-9 and not _short(job, r, offers)
             if running:
                 r.events.append(r.t + job.checkpoint_save_s)
                 r.stopping_until = r.t + job.checkpoint_save_s
