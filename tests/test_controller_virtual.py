@@ -656,7 +656,9 @@ def test_refused_capacity_is_avoided(service_pace: None, policy: str) -> None:
     assert [(d.offering_key, d.market, d.status) for d in decisions] == [
         (AWS_A, SPOT, "failed"), (AWS_B, SPOT, "launched")]
     assert "CapacityUnavailable" in decisions[0].reason
-    assert decisions[1].created_at == world_module.GRID_S  # the very next tick
+    # No later than the very next tick: the refusal wakes the loop then, and the room belief finds 1a
+    # worth a probe again even sooner (4.6 min after a refusal), where it is the cheaper option.
+    assert 0.0 < decisions[1].created_at <= world_module.GRID_S
     assert [i.offering_key for i in w.provider.list_instances({TAG_JOB: j})] == [AWS_B]
     assert_history_legal(w, j)
 
