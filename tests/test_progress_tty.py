@@ -126,7 +126,7 @@ def test_not_a_tty_lines_and_cancel_from_a_second_terminal(spotrain_home: Path, 
                for line in lines), lines
     # A line names the phase: "warming up" or "training" (the cancel may come inside the warm-up window).
     assert any(re.search(r"pipe-\w+  (warming up|training)  \d+/400 ", line) for line in lines), lines
-    assert "RUNNING -> CANCELLED" in out
+    assert re.search(r"(RUNNING|RECOVERING|RESCALING) -> CANCELLED", out), out  # a preemption can leave it RECOVERING
     assert not info.exists()  # the embedded controller's record goes with it
     assert worker_pids(str(PROTOCOL_WORKER)) == []
 
