@@ -17,13 +17,14 @@ knowing the future; no online policy can be expected to close that part of the g
 the stable dear one; ``FLAPPING_4`` us-east-1a/b, ``--zones 3`` adds us-west-2a), its 8 x H100 job
 (one p5.48xlarge, 24 h on demand, deadline ratio x 24 h, 12-minute restarts, a 0 GB checkpoint) at
 ``--ratios`` (default 1.05, 1.1, 1.5, 2) and its multi-region start times (the first ``--starts``,
-default 24). Omniscient (policy_cost's way), bayes-online, spotrain and uniform-progress, none with the
+default 100, policy_cost's). Omniscient (policy_cost's way), bayes-online, spotrain and uniform-progress, none with the
 oracle; each ratio's cost in % above omniscient (ratio of the means), misses, restarts. The program's
 tick is the trace's 10-minute step, so its market model is the generator's exactly; a deadline off
 that grid (25.2 h from a start 5 minutes past it) is a tail of minutes after the last tick, and one
 program is solved per offset of start and deadline from the grid (``OnlineDPPolicy``'s grid mode).
-Volatile or 3 zones: about 6.5 minutes and 2.7 GB at the four ratios; flapping with 2 zones and its
-finer age buckets (``FINE_EDGES``) about as long.
+With 100 starts at the four ratios (shared 2-core machine): volatile 7.5 minutes and 2.7 GB at peak,
+flapping with 2 zones and its finer age buckets (``FINE_EDGES``) 9.4 minutes and 4.5 GB, with 3 zones
+9.6 minutes and 2.7 GB; ratio 2's programs take most of it.
 
     python benchmarks/online_bound.py --scenario volatile|flapping [--starts N] [--ratios 1.05,1.1,1.5,2]
                                       [--zones 3] [--edges 0,1,3,12,48]
@@ -118,7 +119,7 @@ def _region(args: argparse.Namespace) -> None:
     8 x H100 job at 0 GB checkpoints, cost in % above omniscient (ratio of the means)."""
     import policy_cost as pc
 
-    n_starts = 24 if args.starts is None else args.starts
+    n_starts = 100 if args.starts is None else args.starts
     market = REGION_MARKET[args.scenario]
     names = list(REGION_ZONES[args.scenario])
     if args.scenario == "flapping" and (args.zones or 2) >= 3:
@@ -238,7 +239,7 @@ def _task(args: tuple[str, list[float]]) -> tuple[str, list[dict[str, Any]]]:
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--starts", type=int, default=None, help="start times (default: 300; volatile/flapping: 24)")
+    ap.add_argument("--starts", type=int, default=None, help="start times (default: 300; volatile/flapping: 100)")
     ap.add_argument("--zones", type=int, default=None,
                     help="multi: the K cheapest zones of the benchmark market (1-4, default 3); flapping: 2 (us-east-1's "
                          "a and b, the default) or 3 (and us-west-2a)")
