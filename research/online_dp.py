@@ -58,14 +58,17 @@ def _survival(x_ticks: float, mean_ticks: float, shape: float) -> float:
     return float((1.0 + x_ticks / scale) ** -shape)
 
 
-def zone_transitions(mean_up_h: float, mean_down_h: float, edges: Sequence[int] = AGE_EDGES) -> np.ndarray:
+def zone_transitions(mean_up_h: float, mean_down_h: float, edges: Sequence[int] = AGE_EDGES, *,
+                     tick_min: int = TICK_MIN) -> np.ndarray:
     """One zone's tick-to-tick transition matrix over (up, bucket) then (down, bucket) states.
     A run's length in ticks is max(1, round(X)) for a Lomax X (tracegen's rounding), so at age a the
     chance it ends at the next tick is 1 - S(a + 1.5) / S(a + 0.5), 1 - S(1.5) at age 0; a bucket
-    of width w is left for the next one with probability 1 / w per tick (its midpoint's hazard)."""
+    of width w is left for the next one with probability 1 / w per tick (its midpoint's hazard).
+    ``tick_min``: the trace's grid (``tracegen``'s ``grid_s``; 10 minutes for the multi-region
+    markets, whose runs are whole 10-minute steps)."""
     nb = len(edges)
     P = np.zeros((2 * nb, 2 * nb))
-    per_tick = 60 // TICK_MIN
+    per_tick = 60 / tick_min
     for side, (mean_h, shape) in enumerate(((mean_up_h, UP_SHAPE), (mean_down_h, DOWN_SHAPE))):
         for b in range(nb):
             lo = edges[b]

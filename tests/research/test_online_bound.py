@@ -109,3 +109,41 @@ def test_replay_realises_what_the_program_expects() -> None:
         b = age_bucket(int(round((start - times[j]) / 300)), edges)
         expected.append(dp.value[36, 0, b if rooms[j] > 0 else len(edges) + b])
     assert np.mean(realised) == pytest.approx(np.mean(expected), rel=0.02)  # 0.1 % off; the misread: +4.8 %
+
+
+def test_ticks_of_the_trace_grid_and_a_deadline_off_it() -> None:
+    # A deadline 2 minutes past the last 10-minute tick: a job always up pays its work and one restart.
+    dp = OnlineDP([(1.0, 10_000.0, 0.01)], 3.0, 240, 62, 12, tick_min=10, tail_min=2)
+    assert dp.value[62, 0, 0] == pytest.approx(1.0 * (240 + 12) / 60, rel=1e-3)
+    # 12 minutes of slack: one restart onto on demand still fits, nothing more.
+    tight = OnlineDP([(1.0, 4.0, 1.0)], 3.0, 240, 12, 12, tick_min=10, tail_min=2)
+    assert np.all(tight.value[12, 0] == pytest.approx(3.0 * 252 / 60))
+    assert np.all(tight.value[12, tight.on_demand] <= 3.0 * 240 / 60 + 1e-9)
+    with pytest.raises(ValueError, match="tail"):
+        OnlineDP([(1.0, 4.0, 1.0)], 3.0, 240, 12, 12, tick_min=10, tail_min=12)
+
+
+def test_grid_mode_replay_on_a_10_minute_trace_meets_off_grid_deadlines() -> None:
+    zones = (MULTI_ZONE[3], MULTI_ZONE[0])
+    trace = generate_trace(zones, hours=96, seed=5, grid_s=600.0)
+    spec = make_spec(objective={"deadline": f"{382 * 60}s"}, simulate={"work_gpu_hours": 5.0})
+    sim = Simulation(trace, spec)
+    offers = {o.zone: o for o in sim.offerings_at(0.0)}
+    keys = [offers[z.zone].key for z in zones]
+    od = min(offers.values(), key=lambda o: o.on_demand_price_usd_per_hour)
+    markets = [(float(offers[z.zone].spot_price_usd_per_hour or 0), float(z.mean_up_h or 0), float(z.mean_down_h or 0))
+               for z in zones]
+    job = make_sim_job(spec, restart_overhead_s=720)
+    past = trace_history(trace, keys)
+    starts = [sim.align(float(s)) for s in np.random.default_rng(5).uniform(0, 88 * 3600, 8)]
+    assert {s % 600 for s in starts} == {0.0, 300.0}  # starts on the grid and between grid points
+    for s in starts:
+        # The deadline's minutes past the grid, and ticks from the grid point at or before the start.
+        end = s + 382 * 60
+        tail = int(end % 600) // 60
+        ticks = int((end - end % 600 - (s - s % 600)) // 600)
+        dp = OnlineDP(markets, od.on_demand_price_usd_per_hour, 10 * ticks + tail - 82, 82, 12, tick_min=10, tail_min=tail)
+        r = sim.run(job, OnlineDPPolicy(dp, keys, od.key, past, 720.0, grid_origin_s=0.0), s)
+        assert r.deadline_met and r.state == "SUCCEEDED", r
+        assert r.cost_usd <= r.on_demand_cost_usd + 1e-6
+        assert run_named(sim, job, "omniscient", s).cost_usd <= r.cost_usd + 1e-6
