@@ -91,9 +91,10 @@ def quickstart_spec(dir_: Path, store_uri: str) -> Path:
 def test_quickstart_on_moto_survives_spot_interruption(
     spotrain_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The workers inherit the controller's environment: 8 epochs keep the run at 10-30 s on 2 cores, long
-    # enough for the interruption, sent at 10 % of the steps, to reach the workers before the end.
-    monkeypatch.setenv("QUICKSTART_EPOCHS", "8")
+    # The workers inherit the controller's environment: 12 epochs keep the run at 15-45 s on 2 cores, long
+    # enough for the interruption, sent at 10 % of the steps, to reach the workers before the end (with 8,
+    # stop 29's loaded CI run saw the job finish inside the notice: one attempt).
+    monkeypatch.setenv("QUICKSTART_EPOCHS", "12")
     controller_id = f"e2e-{uuid.uuid4().hex[:8]}"
     bucket = f"spotrain-e2e-{uuid.uuid4().hex[:8]}"
     with MotoServer() as server:
